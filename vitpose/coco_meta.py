@@ -1,0 +1,36 @@
+"""COCO-17 keypoint facts shared by every layer (no imports, no behaviour).
+
+Order and values follow MMPose's `configs/_base_/datasets/coco.py` and the COCO annotation
+files; SPEC.md §5.4 and §7 give the sources.
+"""
+
+KEYPOINT_NAMES = (
+    "nose", "left_eye", "right_eye", "left_ear", "right_ear",
+    "left_shoulder", "right_shoulder", "left_elbow", "right_elbow",
+    "left_wrist", "right_wrist", "left_hip", "right_hip",
+    "left_knee", "right_knee", "left_ankle", "right_ankle",
+)
+NUM_KEYPOINTS = len(KEYPOINT_NAMES)
+
+# Horizontal flip swaps every left joint with its right twin.
+FLIP_INDICES = (0, 2, 1, 4, 3, 6, 5, 8, 7, 10, 9, 12, 11, 14, 13, 16, 15)
+
+# Per-keypoint OKS sigmas (COCO keypoint evaluation).
+SIGMAS = (
+    0.026, 0.025, 0.025, 0.035, 0.035, 0.079, 0.079, 0.072, 0.072,
+    0.062, 0.062, 0.107, 0.107, 0.087, 0.087, 0.089, 0.089,
+)
+
+# Half-body augmentation splits the body here (MMPose's `type='upper'/'lower'`).
+UPPER_BODY_IDS = tuple(range(0, 11))
+LOWER_BODY_IDS = tuple(range(11, 17))
+
+# Limbs for drawing, 0-based (the COCO annotation file's `skeleton`, which is 1-based).
+SKELETON = (
+    (15, 13), (13, 11), (16, 14), (14, 12), (11, 12), (5, 11), (6, 12), (5, 6), (5, 7),
+    (6, 8), (7, 9), (8, 10), (1, 2), (0, 1), (0, 2), (1, 3), (2, 4), (3, 5), (4, 6),
+)
+
+# Model input normalisation on the 0-255 scale, RGB order.
+PIXEL_MEAN = (123.675, 116.28, 103.53)
+PIXEL_STD = (58.395, 57.12, 57.375)
