@@ -1,0 +1,262 @@
+"""Typed run configuration: dataclasses loaded from YAML.
+
+A config file is a YAML mapping of sections (`model`, `data`, `loader`, `optim`, `schedule`,
+`train`, `eval`) to fields. An optional top-level `base: other.yaml` (relative to the file) is
+loaded first and then updated, so size and decoder variants stay small. Unknown sections or
+fields, in a file or in a `--set section.field=value` override, fail before any work starts,
+naming the key and the closest valid one: a misspelled key must never silently do nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not fit the schema."""
+
+
+@dataclass
+class ModelConfig:
+    name: str = "vitpose-s"  # vitpose-s | vitpose-b | vitpose-l | vitpose-h
+    decoder: str = "classic"  # classic | simple
+    num_keypoints: int = 17
+    input_size: tuple[int, int] = (192, 256)  # (w, h)
+    heatmap_size: tuple[int, int] = (48, 64)  # (w, h)
+    sigma: float = 2.0
+    drop_path_rate: float | None = None  # None: the size's published value (S 0.1 ... H 0.55)
+    grad_checkpointing: bool = False
+    pretrained: str | None = None  # MAE or any file `load_weights` reads, to initialise from
+    # Extra keyword arguments for build_model (e.g. {depth: 4, embed_dim: 192} for a tiny model).
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DataConfig:
+    root: str = "data/coco"
+    train_ann: str = "annotations/person_keypoints_train2017.json"
+    train_images: str = "train2017"
+    val_ann: str = "annotations/person_keypoints_val2017.json"
+    val_images: str = "val2017"
+    # Detected person boxes for validation (the published AP uses them); null: GT boxes.
+    val_bbox_file: str | None = "person_detection_results/COCO_val2017_detections_AP_H_56_person.json"
+    bbox_score_thr: float = 0.0
+    max_bad_images: int = 100  # unreadable training images skipped (logged) before the run stops
+    reduced_decode: bool = True  # training only: decode JPEGs at 1/2, 1/4, 1/8 when the crop shrinks
+    photometric: bool = False  # optional albumentations colour stage (the ViTPose recipe uses none)
+    # Synthetic set for the demo: images per split (0 = use the files under `root`).
+    synthetic_train_images: int = 0
+    synthetic_val_images: int = 0
+
+
+@dataclass
+class LoaderConfig:
+    batch_size: int = 64  # per process
+    val_batch_size: int = 32
+    num_workers: int | None = None  # None: half the logical cores, capped by available RAM
+    pin_memory: bool = True
+    prefetch_factor: int = 2
+    drop_last: bool = False
+    targets_on_device: bool = True  # heatmaps made on the training device from keypoints
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 5e-4
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.1
+    layer_decay: float = 0.8
+    clip_grad: float | None = 1.0
+    accum_steps: int = 1
+    scale_lr: bool = False  # linear scaling by global batch / base_batch_size
+    base_batch_size: int = 512
+
+
+@dataclass
+class ScheduleConfig:
+    epochs: int = 210
+    warmup_iters: int = 500
+    warmup_ratio: float = 0.001
+    milestones: tuple[int, ...] = (170, 200)
+    gamma: float = 0.1
+
+
+@dataclass
+class TrainConfig:
+    work_dir: str = "work_dirs/vitpose-s_coco_256x192"
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    amp: bool = False
+    amp_dtype: str = "float16"  # float16 (with GradScaler) | bfloat16 (no scaler)
+    compile: bool = False
+    log_every: int = 50
+    checkpoint_minutes: float = 30.0  # rolling `last` checkpoint period
+    keep_every: int = 10  # keep every k-th epoch's checkpoint
+    val_every: int = 10
+    max_nonfinite: int = 5  # non-finite losses in a row before saving and stopping
+    thermal_limit_c: int = 85
+    thermal_guard: bool = False  # pause while the GPU is above the limit
+    tensorboard: bool = True
+
+
+@dataclass
+class EvalConfig:
+    flip_test: bool = True
+    score_mode: str = "bbox_keypoint"
+    keypoint_score_thr: float = 0.2
+    nms_mode: str = "oks_nms"
+    nms_thr: float = 0.9
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    loader: LoaderConfig = field(default_factory=LoaderConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _plain(dataclasses.asdict(self))
+
+    def dump(self, path: str | Path) -> None:
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+
+def _plain(value):
+    # Tuples become lists so that YAML and JSON writers need no Python tags.
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _hint(key: str, valid) -> str:
+    close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.5)
+    return f" (did you mean {close[0]!r}?)" if close else f" (valid: {', '.join(sorted(valid))})"
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check (and gently convert) one value against a field's type annotation."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, where)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{where}: null is not allowed")
+    if tp is Any:
+        return value
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
+        if len(value) != len(args):
+            raise ConfigError(f"{where}: expected {len(args)} values, got {list(value)!r}")
+        return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: expected true/false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # PyYAML reads 1e-3 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{where}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{where}: expected a string, got {value!r}")
+    raise ConfigError(f"{where}: unsupported field type {tp!r}")
+
+
+def _section_types(cls) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _apply(cfg: Config, section: str, key: str, value: Any, source: str) -> None:
+    sections = _section_types(Config)
+    if section not in sections:
+        raise ConfigError(f"{source}: unknown config section {section!r}{_hint(section, sections)}")
+    obj = getattr(cfg, section)
+    fields = _section_types(type(obj))
+    if key not in fields:
+        raise ConfigError(f"{source}: unknown config key {section}.{key!r}{_hint(key, fields)}")
+    setattr(obj, key, _coerce(value, fields[key], f"{source}: {section}.{key}"))
+
+
+def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> list[tuple[str, dict, Path]]:
+    """The file's sections, after those of its `base` chain (base first)."""
+    path = path.resolve()
+    if path in seen:
+        raise ConfigError(f"{path}: `base` loops back to itself")
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+    layers = []
+    base = data.pop("base", None)
+    if base is not None:
+        layers += _read_yaml(path.parent / base, seen + (path,))
+    for section, body in data.items():
+        if body is None:
+            continue
+        if not isinstance(body, dict):
+            raise ConfigError(f"{path}: section {section!r} must be a mapping, got {body!r}")
+        layers.append((section, body, path))
+    return layers
+
+
+def parse_override(text: str) -> tuple[str, str, Any]:
+    """`section.key=value` -> (section, key, value); the value is read as YAML (1e-4, true, [1, 2])."""
+    if "=" not in text or "." not in text.split("=", 1)[0]:
+        raise ConfigError(f"--set {text!r}: expected section.key=value, e.g. optim.lr=1e-3")
+    dotted, raw = text.split("=", 1)
+    section, key = dotted.strip().split(".", 1)
+    return section, key, yaml.safe_load(raw) if raw.strip() else None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Defaults, then the YAML file (and its `base` chain), then `--set` overrides."""
+    cfg = Config()
+    if path is not None:
+        for section, body, source in _read_yaml(Path(path)):
+            for key, value in body.items():
+                _apply(cfg, section, key, value, str(source))
+    for text in overrides:
+        section, key, value = parse_override(text)
+        _apply(cfg, section, key, value, f"--set {text}")
+    return cfg
