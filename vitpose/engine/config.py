@@ -213,7 +213,7 @@ def _apply(cfg: Config, section: str, key: str, value: Any, source: str) -> None
     obj = getattr(cfg, section)
     fields = _section_types(type(obj))
     if key not in fields:
-        raise ConfigError(f"{source}: unknown config key {section}.{key!r}{_hint(key, fields)}")
+        raise ConfigError(f"{source}: unknown config key '{section}.{key}'{_hint(key, fields)}")
     setattr(obj, key, _coerce(value, fields[key], f"{source}: {section}.{key}"))
 
 
