@@ -1,0 +1,247 @@
+"""UDP heatmap codec (Huang et al., "The Devil is in the Details", CVPR 2020), as MMPose 1.x runs it.
+
+Sizes are (w, h) and keypoints (x, y), MMPose's conventions. The numbers reproduce MMPose 1.3.2's
+`UDPHeatmap` (see SPEC.md section 4.1 and fixtures/README.md section 4), including its quirks:
+
+* encode divides by (input - 1) / (heatmap - 1) but decode multiplies by input / (heatmap - 1),
+  so a round trip drifts by up to +1 px at the far edge. This is MMPose's behaviour and the
+  published numbers contain it, so it is kept on purpose.
+* keypoint_weights is a copy of the visibility (fractional values pass through); it becomes 0
+  only when the whole 3-sigma window misses the heatmap.
+* decode refines the argmax with one Newton step on the log of a blurred map (DARK for UDP).
+
+Everything is vectorised over instances, keypoints and batches; there is no per-joint loop.
+The helpers `heatmap_maximum` and `blur_heatmaps` are shared with the MSRA codec.
+"""
+
+import cv2
+import numpy as np
+
+__all__ = ["UDPHeatmap", "heatmap_maximum", "blur_heatmaps", "window_gaussian_heatmaps"]
+
+# Keypoints further than this from the map (in heatmap cells) are clipped before the integer
+# cast: they are far outside either way, and the clip keeps int64 arithmetic from overflowing.
+_FAR = 1.0e6
+
+
+def _as_numpy_float32(heatmaps):
+    """Heatmaps as a float32 numpy array (torch tensors are detached and moved to the CPU)."""
+    if hasattr(heatmaps, "detach"):
+        heatmaps = heatmaps.detach().cpu().float().numpy()
+    return np.asarray(heatmaps, dtype=np.float32)
+
+
+def _check_keypoints(keypoints, keypoints_visible, codec_name):
+    keypoints = np.asarray(keypoints)
+    if keypoints.ndim != 3 or keypoints.shape[-1] != 2:
+        raise ValueError(f"{codec_name}.encode: keypoints must have shape (N, K, 2), got {keypoints.shape}")
+    if keypoints_visible is None:
+        keypoints_visible = np.ones(keypoints.shape[:2], dtype=np.float32)
+    keypoints_visible = np.asarray(keypoints_visible, dtype=np.float32)
+    if keypoints_visible.shape != keypoints.shape[:2]:
+        raise ValueError(
+            f"{codec_name}.encode: keypoints_visible must have shape {keypoints.shape[:2]}, "
+            f"got {keypoints_visible.shape}")
+    bad = (keypoints_visible >= 0.5) & ~np.isfinite(keypoints).all(-1)
+    if bad.any():
+        n, k = np.argwhere(bad)[0]
+        raise ValueError(
+            f"{codec_name}.encode: visible keypoint (instance {n}, keypoint {k}) has a non-finite "
+            f"coordinate {keypoints[n, k].tolist()}")
+    return keypoints, keypoints_visible
+
+
+def window_gaussian_heatmaps(heatmap_size, keypoints_hm, keypoints_visible, sigma, subpixel):
+    """Draw one unnormalised Gaussian per visible keypoint inside its (6 sigma + 1)^2 window.
+
+    MMPose's `generate_udp_gaussian_heatmaps` (subpixel=True: centred on the exact location) and
+    `generate_gaussian_heatmaps` (subpixel=False: centred on the integer cell), vectorised.
+
+    keypoints_hm (N, K, 2) in heatmap cells, keypoints_visible (N, K).
+    Returns heatmaps (K, H, W) float32 (instances merged by max) and weights (N, K) float32.
+    """
+    W, H = heatmap_size
+    weights = np.array(keypoints_visible, dtype=np.float32, copy=True)
+    radius = sigma * 3
+    window = 2 * radius + 1
+    window_cells = len(np.arange(0, window, 1))  # what MMPose's arange gives
+    centre_in_window = window // 2
+
+    kpt = np.clip(keypoints_hm, -_FAR, _FAR)
+    # Python's int() of (x + 0.5): truncation toward zero, so -0.7 -> 0, not -1.
+    mu = (kpt + 0.5).astype(np.int64)
+    low = (mu - radius).astype(np.int64)             # left, top
+    high = (mu + radius + 1).astype(np.int64)        # right, bottom (exclusive)
+    drawn = keypoints_visible >= 0.5
+    misses = (low[..., 0] >= W) | (low[..., 1] >= H) | (high[..., 0] < 0) | (high[..., 1] < 0)
+    weights[drawn & misses] = 0
+    drawn &= ~misses
+
+    # Window centre in window coordinates, rounded to float32 once as MMPose's numpy 1.x did.
+    if subpixel:
+        centre = (centre_in_window + (kpt.astype(np.float64) - mu)).astype(np.float32)
+    else:
+        centre = np.full(kpt.shape, centre_in_window, dtype=np.float32)
+
+    def axis_terms(size, axis):
+        cells = np.arange(size, dtype=np.int64)
+        offset = cells - low[..., axis, None]            # (N, K, size) position in the window
+        inside = (cells >= low[..., axis, None]) & (cells < high[..., axis, None]) & (offset < window_cells)
+        d = offset.astype(np.float32) - centre[..., axis, None]
+        return d * d, inside
+
+    dx2, in_x = axis_terms(W, 0)
+    dy2, in_y = axis_terms(H, 1)
+    # Same float32 operation order as MMPose: (x - x0)^2 + (y - y0)^2, / (2 sigma^2), exp.
+    exponent = (dx2[..., None, :] + dy2[..., :, None]) / np.float32(2 * sigma ** 2)
+    gauss = np.exp(-exponent)
+    mask = in_y[..., :, None] & in_x[..., None, :] & drawn[..., None, None]
+    gauss = np.where(mask, gauss, np.float32(0))
+    heatmaps = gauss.max(axis=0) if gauss.shape[0] else np.zeros((kpt.shape[1], H, W), np.float32)
+    return heatmaps.astype(np.float32, copy=False), weights
+
+
+def heatmap_maximum(heatmaps):
+    """Argmax location (x, y) and value of each map; location -1 where the maximum is <= 0.
+
+    heatmaps (..., H, W) -> locations (..., 2) float32, values (...) float32.
+    """
+    H, W = heatmaps.shape[-2:]
+    flat = heatmaps.reshape(*heatmaps.shape[:-2], H * W)
+    index = flat.argmax(-1)
+    values = flat.max(-1)
+    locations = np.stack([index % W, index // W], axis=-1).astype(np.float32)
+    locations[values <= 0] = -1
+    return locations, values
+
+
+def blur_heatmaps(heatmaps, kernel_size=11):
+    """MMPose's `gaussian_blur`: blur each map on a zero-padded copy, rescale to its own max.
+
+    heatmaps (C, H, W) float32 -> new (C, H, W) float32. An all-zero map becomes NaN (0/0), as
+    in MMPose. The maps are stacked in one tall single-channel image with `border` zero rows
+    between them, so one cv2 call blurs them all and each output equals a per-map blur exactly.
+    """
+    if kernel_size % 2 != 1:
+        raise ValueError(f"blur kernel size must be odd, got {kernel_size}")
+    border = (kernel_size - 1) // 2
+    C, H, W = heatmaps.shape
+    if C == 0:
+        return heatmaps.copy()
+    tall = np.zeros((C, H + border, W + 2 * border), dtype=np.float32)
+    tall[:, border:, border:border + W] = heatmaps
+    tall = np.concatenate([tall.reshape(C * (H + border), W + 2 * border),
+                           np.zeros((border, W + 2 * border), np.float32)])
+    blurred = cv2.GaussianBlur(tall, (kernel_size, kernel_size), 0)
+    blurred = blurred[:-border].reshape(C, H + border, W + 2 * border)[:, border:, border:border + W]
+    original_max = heatmaps.reshape(C, -1).max(-1)
+    blurred_max = blurred.reshape(C, -1).max(-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = (original_max / blurred_max).astype(np.float32)
+    return blurred * ratio[:, None, None]
+
+
+def refine_dark_udp(locations, heatmaps, kernel_size=11):
+    """One Newton step on the log of the blurred maps (MMPose's `refine_keypoints_dark_udp`).
+
+    locations (B, K, 2) float32 integer argmax cells (or -1), heatmaps (B, K, H, W) float32.
+    Returns refined locations (B, K, 2) float32.
+    """
+    B, K, H, W = heatmaps.shape
+    logmaps = blur_heatmaps(heatmaps.reshape(B * K, H, W), kernel_size)
+    with np.errstate(invalid="ignore"):
+        np.clip(logmaps, 1e-3, 50.0, out=logmaps)
+        np.log(logmaps, out=logmaps)
+    padded = np.pad(logmaps, ((0, 0), (1, 1), (1, 1)), mode="edge").reshape(B, -1)
+    row = W + 2
+    # Flat index into each sample's (K, H+2, W+2) block, as MMPose computes it. A location of -1
+    # makes index - 1 negative for keypoint 0, which numpy wraps to the block's end: the
+    # modulo reproduces that.
+    index = (locations[..., 0] + 1 + (locations[..., 1] + 1) * row).astype(np.int64)
+    index += row * (H + 2) * np.arange(K)
+
+    def at(shift):
+        return np.take_along_axis(padded, (index + shift) % padded.shape[1], axis=1)
+
+    centre = at(0)
+    right, left = at(1), at(-1)
+    down, up = at(row), at(-row)
+    down_right, up_left = at(row + 1), at(-row - 1)
+
+    dx = 0.5 * (right - left)
+    dy = 0.5 * (down - up)
+    dxx = right - 2 * centre + left
+    dyy = down - 2 * centre + up
+    dxy = 0.5 * (down_right - right - down + centre + centre - left - up + up_left)
+
+    # (Hessian + eps I)^-1 @ gradient in float64, closed form for the symmetric 2x2 matrix.
+    eps = np.finfo(np.float32).eps
+    a = dxx.astype(np.float64) + eps
+    b = dxy.astype(np.float64)
+    d = dyy.astype(np.float64) + eps
+    with np.errstate(divide="ignore", invalid="ignore"):
+        det = a * d - b * b
+        step_x = (d * dx - b * dy) / det
+        step_y = (a * dy - b * dx) / det
+    # MMPose's np.linalg.inv raises on an exactly singular Hessian; leave such points unmoved.
+    singular = det == 0
+    step_x[singular] = 0
+    step_y[singular] = 0
+    refined = locations.copy()
+    refined[..., 0] -= step_x.astype(np.float64)  # subtracted into float32, like MMPose
+    refined[..., 1] -= step_y.astype(np.float64)
+    return refined
+
+
+class UDPHeatmap:
+    """Keypoints <-> UDP Gaussian heatmaps.
+
+    Args:
+        input_size: (w, h) of the model input crop.
+        heatmap_size: (W, H) of the heatmaps.
+        sigma: Gaussian sigma in heatmap cells.
+        blur_kernel_size: kernel of the DARK-UDP blur at decode time (11 matches sigma 2).
+    """
+
+    def __init__(self, input_size=(192, 256), heatmap_size=(48, 64), sigma=2.0, blur_kernel_size=11):
+        self.input_size = tuple(int(v) for v in input_size)
+        self.heatmap_size = tuple(int(v) for v in heatmap_size)
+        self.sigma = sigma
+        self.blur_kernel_size = blur_kernel_size
+        # float32 as in MMPose: the division below must round the same way.
+        self.scale_factor = ((np.array(self.input_size) - 1) / (np.array(self.heatmap_size) - 1)).astype(np.float32)
+
+    def __repr__(self):
+        return (f"{type(self).__name__}(input_size={self.input_size}, heatmap_size={self.heatmap_size}, "
+                f"sigma={self.sigma}, blur_kernel_size={self.blur_kernel_size})")
+
+    def encode(self, keypoints, keypoints_visible=None):
+        """keypoints (N, K, 2) in input-crop pixels, keypoints_visible (N, K) ->
+        heatmaps (K, H, W) float32 (instances merged by max), keypoint_weights (N, K) float32."""
+        keypoints, keypoints_visible = _check_keypoints(keypoints, keypoints_visible, type(self).__name__)
+        return window_gaussian_heatmaps(self.heatmap_size, keypoints / self.scale_factor,
+                                        keypoints_visible, self.sigma, subpixel=True)
+
+    def decode(self, heatmaps):
+        """heatmaps (K, H, W) -> keypoints (1, K, 2) float64 in input pixels, scores (1, K) float32."""
+        heatmaps = _as_numpy_float32(heatmaps)
+        if heatmaps.ndim != 3:
+            raise ValueError(f"{type(self).__name__}.decode: heatmaps must have shape (K, H, W), got {heatmaps.shape}")
+        return self.batch_decode(heatmaps[None])
+
+    def batch_decode(self, heatmaps):
+        """heatmaps (B, K, H, W) -> keypoints (B, K, 2) float64 in input pixels, scores (B, K) float32."""
+        heatmaps = _as_numpy_float32(heatmaps)
+        if heatmaps.ndim != 4:
+            raise ValueError(
+                f"{type(self).__name__}.batch_decode: heatmaps must have shape (B, K, H, W), got {heatmaps.shape}")
+        W, H = self.heatmap_size
+        if heatmaps.shape[-2:] != (H, W):
+            raise ValueError(
+                f"{type(self).__name__}: heatmaps are {heatmaps.shape[-2:]} (H, W) but the codec "
+                f"expects {(H, W)} (heatmap_size={self.heatmap_size})")
+        locations, scores = heatmap_maximum(heatmaps)
+        locations = refine_dark_udp(locations, heatmaps, self.blur_kernel_size)
+        # MMPose's output scale: x_hm / (W - 1) * w, computed in float64.
+        keypoints = locations / np.array([W - 1, H - 1]) * np.array(self.input_size)
+        return keypoints, scores
