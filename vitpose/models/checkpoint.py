@@ -1,0 +1,398 @@
+"""Read and write ViTPose weights in every layout that is published (SPEC.md §3).
+
+Layouts, detected from the key names:
+- own      this project (timm names): `backbone.blocks.i.*`, `backbone.norm.*`, `head.*`
+- mmpose1x MMPose 1.x / mmpretrain: `backbone.layers.i.ln1`, `ffn.layers.0.0`, `head.*`
+- official ViTPose (mmpose 0.x): `backbone.blocks.i.*`, `backbone.last_norm.*`, `keypoint_head.*`,
+           pos_embed with 193 rows whose row 0 is added to every token (folded in, never dropped)
+- hf       transformers VitPose: `backbone.encoder.layer.i.*`, split query/key/value, 193 rows
+- backbone-only files (MAE pre-training and the like): the same backbone names without the
+           `backbone.` prefix. They initialise the backbone: the head keeps its init, the class
+           token is skipped, the grid embedding is resized to the model's grid, a 14x14 patch
+           kernel is zero-padded to 16x16, and MAE's final `norm` is not loaded (the official
+           ViTPose repo does not load it either).
+
+Pickle files are read with `torch.load(weights_only=True)`: a file holding other Python
+objects is refused before any of its code can run.
+"""
+
+import logging
+import math
+import pickle
+import re
+from collections import namedtuple
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from vitpose.models.vit import resize_pos_embed
+
+log = logging.getLogger(__name__)
+
+LoadReport = namedtuple("LoadReport", "layout missing unexpected mismatched skipped notes")
+
+EMBED_DIM_TO_SIZE = {384: "ViT-S", 768: "ViT-B", 1024: "ViT-L", 1280: "ViT-H"}
+WRAPPER_KEYS = ("state_dict", "model", "module")
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+
+# Backbone renames, applied to names without the `backbone.` prefix, first match wins.
+MMPOSE1X_BACKBONE = [
+    (r"^patch_embed\.projection\.", "patch_embed.proj."),
+    (r"^layers\.(\d+)\.ln1\.", r"blocks.\1.norm1."),
+    (r"^layers\.(\d+)\.ln2\.", r"blocks.\1.norm2."),
+    (r"^layers\.(\d+)\.ffn\.layers\.0\.0\.", r"blocks.\1.mlp.fc1."),
+    (r"^layers\.(\d+)\.ffn\.layers\.1\.", r"blocks.\1.mlp.fc2."),
+    (r"^layers\.(\d+)\.attn\.", r"blocks.\1.attn."),
+    (r"^ln1\.", "norm."),
+]
+OFFICIAL_BACKBONE = [(r"^last_norm\.", "norm.")]
+HF_BACKBONE = [
+    (r"^embeddings\.patch_embeddings\.projection\.", "patch_embed.proj."),
+    (r"^embeddings\.position_embeddings$", "pos_embed"),
+    (r"^encoder\.layer\.(\d+)\.layernorm_before\.", r"blocks.\1.norm1."),
+    (r"^encoder\.layer\.(\d+)\.layernorm_after\.", r"blocks.\1.norm2."),
+    (r"^encoder\.layer\.(\d+)\.attention\.output\.dense\.", r"blocks.\1.attn.proj."),
+    # query/key/value are renamed here and concatenated into qkv afterwards
+    (r"^encoder\.layer\.(\d+)\.attention\.attention\.(query|key|value)\.", r"blocks.\1.attn.\2."),
+    (r"^encoder\.layer\.(\d+)\.mlp\.", r"blocks.\1.mlp."),
+    (r"^layernorm\.", "norm."),
+]
+HF_HEAD = [
+    (r"^deconv1\.", "deconv_layers.0."),
+    (r"^batchnorm1\.", "deconv_layers.1."),
+    (r"^deconv2\.", "deconv_layers.3."),
+    (r"^batchnorm2\.", "deconv_layers.4."),
+    (r"^conv\.", "final_layer."),
+]
+# Keys with no counterpart in this model: skipped and reported, never an error.
+SKIPPED_BACKBONE = re.compile(r"^(cls_token|mask_token|dist_token|fc_norm\.|decoder.*|head\.)")
+
+
+class CheckpointError(RuntimeError):
+    """A weights source that cannot be read or does not fit the model."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading sources
+
+
+def _read_file(path):
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"weights file not found: {path}")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path), device="cpu")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(
+            f"{path}: not a plain weights file: it pickles Python objects other than tensors and "
+            f"containers, and it was refused unread (weights_only=True) so that none of its code "
+            f"runs. If you trust it, re-save only its tensors, e.g. "
+            f"torch.save(torch.load(path, weights_only=False)['state_dict'], new_path). "
+            f"Details: {str(e).splitlines()[0]}"
+        ) from None
+
+
+def _unwrap(obj, origin):
+    """Descend into `state_dict` / `model` / `module` wrappers; strip `module.` / `_orig_mod.`."""
+    while isinstance(obj, Mapping):
+        inner = next((obj[k] for k in WRAPPER_KEYS if isinstance(obj.get(k), Mapping)), None)
+        if inner is None:
+            break
+        obj = inner
+    if not isinstance(obj, Mapping):
+        raise CheckpointError(f"{origin}: expected a mapping of parameter names to tensors, got {type(obj).__name__}")
+    out = {}
+    for name, value in obj.items():
+        if not isinstance(name, str):
+            raise CheckpointError(f"{origin}: key {name!r} is not a parameter name")
+        changed = True
+        while changed:
+            changed = False
+            for prefix in WRAPPER_PREFIXES:
+                if name.startswith(prefix):
+                    name, changed = name[len(prefix):], True
+            name = name.replace("._orig_mod.", ".")
+        if isinstance(value, np.ndarray):
+            value = torch.from_numpy(np.array(value, order="C"))  # a copy: keeps 0-d shapes, owns its memory
+        elif not isinstance(value, torch.Tensor):
+            raise CheckpointError(
+                f"{origin}: entry {name!r} is a {type(value).__name__}, not a tensor; "
+                f"this does not look like a weights file (state dict)"
+            )
+        out[name] = value
+    return out
+
+
+def _read_source(source):
+    if isinstance(source, Mapping):
+        return _unwrap(source, "weights mapping"), "weights mapping"
+    if isinstance(source, (str, Path)):
+        return _unwrap(_read_file(source), str(source)), str(source)
+    raise TypeError(f"source must be a path or a mapping of name -> tensor, got {type(source).__name__}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Layout detection and conversion
+
+
+def detect_layout(state_dict):
+    """('own' | 'mmpose1x' | 'official' | 'hf' | 'mae', prefixed): prefixed=False for
+    backbone-only files whose keys lack the `backbone.` prefix."""
+    names = list(state_dict)
+    prefixed = any(n.startswith(("backbone.", "keypoint_head.")) for n in names)
+    body = [n[len("backbone."):] for n in names if n.startswith("backbone.")] if prefixed else names
+    if any(n.startswith(("encoder.layer.", "embeddings.")) for n in body):
+        return "hf", prefixed
+    if any(n.startswith(("layers.", "patch_embed.projection.", "ln1.")) for n in body):
+        return "mmpose1x", prefixed
+    if any(n.startswith("last_norm.") for n in body) or any(n.startswith("keypoint_head.") for n in names):
+        return "official", prefixed
+    if not prefixed and ("cls_token" in state_dict or _has_token_row(state_dict.get("pos_embed"))):
+        return "mae", prefixed  # MAE / timm ViT: class token, square grid, encoder `norm`
+    return "own", prefixed
+
+
+def _has_token_row(pos):
+    return pos is not None and pos.ndim == 3 and math.isqrt(pos.shape[1] - 1) ** 2 == pos.shape[1] - 1
+
+
+def _rename(name, rules):
+    for pattern, repl in rules:
+        new, n = re.subn(pattern, repl, name)
+        if n:
+            return new
+    return name
+
+
+def _merge_hf_qkv(backbone):
+    for name in [n for n in backbone if re.search(r"\.attn\.query\.(weight|bias)$", n)]:
+        stem, kind = name.rsplit(".attn.query.", 1)
+        parts = [f"{stem}.attn.{p}.{kind}" for p in ("query", "key", "value")]
+        if all(p in backbone for p in parts):
+            backbone[f"{stem}.attn.qkv.{kind}"] = torch.cat([backbone.pop(p) for p in parts], 0)
+
+
+def _grid_of(num_tokens, model_grid):
+    """Guess the (h, w) patch grid of N tokens: the model's aspect ratio if it fits, else square."""
+    mh, mw = model_grid
+    h = math.isqrt(round(num_tokens * mh / mw))
+    for cand in (h, h + 1):
+        if cand > 0 and num_tokens % cand == 0 and cand * mw == (num_tokens // cand) * mh:
+            return cand, num_tokens // cand
+    side = math.isqrt(num_tokens)
+    return (side, side) if side * side == num_tokens else None
+
+
+def _adapt_pos_embed(pos, model_tokens, model_grid, notes):
+    """Fold an extra leading (class-token) row into the grid rows, then resize the grid."""
+    n = pos.shape[1]
+    if pos.ndim != 3 or n == model_tokens:
+        return pos
+    if n - 1 == model_tokens or (_grid_of(n, model_grid) is None and _grid_of(n - 1, model_grid) is not None):
+        # The official ViT and HF add row 0 to every patch token; MMPose's loader drops it
+        # instead, which silently changes a fine-tuned model. Fold it in.
+        pos = pos[:, 1:] + pos[:, :1]
+        notes.append(f"pos_embed: extra row 0 of {n} folded into the other {n - 1}")
+        n -= 1
+    src_grid = _grid_of(n, model_grid)
+    if n != model_tokens and src_grid is not None:
+        pos = resize_pos_embed(pos, src_grid, model_grid)
+        notes.append(f"pos_embed: grid {src_grid[0]}x{src_grid[1]} resized (bicubic) to "
+                     f"{model_grid[0]}x{model_grid[1]}")
+    return pos
+
+
+def _adapt_patch_kernel(weight, model_weight, notes):
+    k, mk = weight.shape[-1], model_weight.shape[-1]
+    if weight.ndim != 4 or weight.shape[:2] != model_weight.shape[:2] or k >= mk or (mk - k) % 2:
+        return weight
+    p = (mk - k) // 2
+    notes.append(f"patch_embed: {k}x{k} kernel zero-padded to {mk}x{mk} ({p} px each side)")
+    return F.pad(weight, (p, p, p, p))
+
+
+def _split_backbone_head(state_dict, layout, prefixed):
+    backbone, head, other = {}, {}, {}
+    for name, value in state_dict.items():
+        if not prefixed:
+            backbone[name] = value
+        elif name.startswith("backbone."):
+            backbone[name[len("backbone."):]] = value
+        elif name.startswith(("head.", "keypoint_head.")):
+            head[name.split(".", 1)[1]] = value
+        else:
+            other[name] = value
+    return backbone, head, other
+
+
+def _convert(state_dict, model):
+    """(own-layout state dict for `model`, layout, skipped names, notes, backbone_only)."""
+    layout, prefixed = detect_layout(state_dict)
+    backbone, head, other = _split_backbone_head(state_dict, layout, prefixed)
+    skipped = sorted(other)
+    notes = []
+    rules = {"mmpose1x": MMPOSE1X_BACKBONE, "official": OFFICIAL_BACKBONE, "hf": HF_BACKBONE}.get(layout, [])
+    backbone = {_rename(n, rules): v for n, v in backbone.items()}
+    if layout == "hf":
+        _merge_hf_qkv(backbone)
+        head = {_rename(n, HF_HEAD): v for n, v in head.items()}
+    for name in [n for n in backbone if SKIPPED_BACKBONE.match(n)]:
+        backbone.pop(name)
+        skipped.append(("backbone." if prefixed else "") + name)
+    if layout == "mae":
+        # MAE's encoder `norm` is not ViTPose's last norm: the official repo does not load it
+        # (the names differ there), so the final LayerNorm keeps its (1, 0) init.
+        for name in [n for n in backbone if n.startswith("norm.")]:
+            backbone.pop(name)
+            skipped.append(name)
+
+    own_backbone = _model_backbone(model)
+    if own_backbone is not None:
+        if "pos_embed" in backbone:
+            backbone["pos_embed"] = _adapt_pos_embed(
+                backbone["pos_embed"], own_backbone.pos_embed.shape[1], own_backbone.patch_embed.grid_size, notes
+            )
+        if "patch_embed.proj.weight" in backbone:
+            backbone["patch_embed.proj.weight"] = _adapt_patch_kernel(
+                backbone["patch_embed.proj.weight"], own_backbone.patch_embed.proj.weight, notes
+            )
+
+    if hasattr(model, "backbone"):
+        converted = {"backbone." + n: v for n, v in backbone.items()}
+        converted.update({"head." + n: v for n, v in head.items()})
+    else:
+        converted = dict(backbone)
+        skipped += ["head." + n for n in head]
+    return converted, layout, sorted(skipped), notes, not prefixed
+
+
+def _model_backbone(model):
+    if hasattr(model, "backbone"):
+        return model.backbone
+    if hasattr(model, "patch_embed") and hasattr(model, "pos_embed"):
+        return model
+    return None
+
+
+def convert_state_dict(state_dict, model):
+    """Map a state dict of any supported layout onto `model`'s own parameter names.
+
+    Wrappers are unwrapped, the layout is detected, names are translated, HF's q/k/v are
+    concatenated, a 193-row pos_embed is folded to 192 rows (and a backbone-only grid resized),
+    and keys without a counterpart (class token, MAE's norm and decoder) are dropped.
+    Shapes are not checked here; `load_weights` does that.
+    """
+    return _convert(_read_source(state_dict)[0], model)[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# Fitting a converted state dict to the model
+
+
+def _describe(source_sd, converted, model, mismatched):
+    """What the file looks like, in words, for the error message."""
+    hints = []
+    names = list(source_sd)
+    if any(".experts." in n or "associate_keypoint_head" in n for n in names):
+        hints.append("a ViTPose+ multi-dataset checkpoint (several keypoint heads / MoE experts); "
+                     "extract one dataset's head and the shared experts first")
+    target = model.state_dict()
+    patch = "backbone.patch_embed.proj.weight" if hasattr(model, "backbone") else "patch_embed.proj.weight"
+    if patch in converted and patch in target and converted[patch].shape[0] != target[patch].shape[0]:
+        c_file, c_model = converted[patch].shape[0], target[patch].shape[0]
+        hints.append(f"{EMBED_DIM_TO_SIZE.get(c_file, f'embed-dim {c_file}')} weights for a "
+                     f"{EMBED_DIM_TO_SIZE.get(c_model, f'embed-dim {c_model}')} model")
+    blocks_file = {int(m.group(1)) for n in converted for m in [re.search(r"blocks\.(\d+)\.", n)] if m}
+    blocks_model = {int(m.group(1)) for n in target for m in [re.search(r"blocks\.(\d+)\.", n)] if m}
+    if blocks_file and blocks_model and len(blocks_file) != len(blocks_model):
+        hints.append(f"{len(blocks_file)} transformer blocks in the file, {len(blocks_model)} in the model")
+    final = "head.final_layer.weight"
+    if final in converted and final in target:
+        k_file, k_model = converted[final].shape[0], target[final].shape[0]
+        if k_file != k_model:
+            hints.append(f"a {k_file}-keypoint head (the model has {k_model} keypoints)")
+        elif converted[final].shape[2:] != target[final].shape[2:]:
+            kind = "classic" if converted[final].shape[-1] == 1 else "simple"
+            hints.append(f"a {kind}-decoder head for a {'simple' if kind == 'classic' else 'classic'}-decoder model")
+    has_deconv_file = any(n.startswith("head.deconv_layers.") for n in converted)
+    has_deconv_model = any(n.startswith("head.deconv_layers.") for n in target)
+    if has_deconv_file != has_deconv_model and not any("decoder head" in h for h in hints):
+        hints.append("a classic-decoder checkpoint for a simple-decoder model" if has_deconv_file
+                     else "a simple-decoder checkpoint for a classic-decoder model")
+    return hints
+
+
+def _fit(converted, model, layout, backbone_only):
+    target = model.state_dict()
+    missing, mismatched = [], []
+    for name, tensor in target.items():
+        if name not in converted:
+            if name.endswith("num_batches_tracked"):
+                continue  # older files lack it; BatchNorm starts its count at 0
+            if backbone_only and not name.startswith("backbone.") and hasattr(model, "backbone"):
+                continue  # backbone initialisation: the head keeps its own init
+            if layout == "mae" and re.match(r"^(backbone\.)?norm\.", name):
+                continue  # MAE's encoder norm is not ViTPose's final norm (see module doc)
+            missing.append(name)
+        elif tuple(converted[name].shape) != tuple(tensor.shape):
+            mismatched.append(f"{name}: file {tuple(converted[name].shape)} vs model {tuple(tensor.shape)}")
+    unexpected = sorted(n for n in converted if n not in target)
+    return missing, unexpected, mismatched
+
+
+def load_weights(model, source, strict=True):
+    """Load weights of any supported layout into `model` (a ViTPose or a bare VisionTransformer).
+
+    `source`: a .pth/.pt/.bin/.safetensors path or a mapping name -> tensor / ndarray.
+    strict=True: any missing, unexpected or wrongly shaped key raises one CheckpointError that
+    names them all and says what the file looks like. strict=False loads what fits and logs the
+    rest. Returns a LoadReport(layout, missing, unexpected, mismatched, skipped, notes).
+    """
+    state_dict, origin = _read_source(source)
+    converted, layout, skipped, notes, backbone_only = _convert(state_dict, model)
+    missing, unexpected, mismatched = _fit(converted, model, layout, backbone_only)
+    if strict and (missing or unexpected or mismatched):
+        lines = [f"{origin} ({layout} layout) does not fit {type(model).__name__}:"]
+        hints = _describe(state_dict, converted, model, mismatched)
+        if hints:
+            lines.append("  the file looks like " + "; ".join(hints))
+        for title, items in (("missing in the file", missing), ("unexpected in the file", unexpected),
+                             ("shape mismatch", mismatched)):
+            if items:
+                lines.append(f"  {title} ({len(items)}): " + ", ".join(items[:40]) + (" ..." if len(items) > 40 else ""))
+        raise CheckpointError("\n".join(lines))
+    bad = set(unexpected) | {m.split(":", 1)[0] for m in mismatched}
+    fitting = {n: v for n, v in converted.items() if n not in bad}
+    model.load_state_dict(fitting, strict=False)
+    report = LoadReport(layout, missing, unexpected, mismatched, skipped, notes)
+    for note in notes:
+        log.info("%s: %s", origin, note)
+    if skipped:
+        log.info("%s: skipped keys with no counterpart in the model: %s", origin, ", ".join(skipped))
+    if missing or unexpected or mismatched:
+        log.warning("%s: loaded non-strictly; missing %s, unexpected %s, mismatched %s",
+                    origin, missing, unexpected, mismatched)
+    return report
+
+
+def save_weights(model, path):
+    """Write the model's state dict (parameters and BN buffers) as .safetensors, own layout."""
+    path = Path(path)
+    if path.suffix != ".safetensors":
+        raise ValueError(f"save_weights writes .safetensors files, got {path}")
+    from safetensors.torch import save_file
+
+    state = {n: t.detach().to("cpu").contiguous() for n, t in model.state_dict().items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(path), metadata={"format": "pt", "layout": "vitpose"})
+    return path
+
+
+__all__ = ["load_weights", "save_weights", "convert_state_dict", "detect_layout", "CheckpointError", "LoadReport"]

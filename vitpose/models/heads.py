@@ -1,0 +1,62 @@
+"""Heatmap heads of ViTPose (SPEC.md §2): the classic deconv decoder and the simple decoder.
+
+Both map the (N, C, 16, 12) feature map to (N, K, 64, 48) heatmaps and end without an
+activation. Module names match MMPose / official ViTPose so that checkpoints map 1:1.
+"""
+
+import torch.nn.functional as F
+from torch import nn
+
+
+def _init_head(module):
+    # MMPose / official: N(0, 0.001) on conv and deconv weights, zero bias, BN (1, 0).
+    for m in module.modules():
+        if isinstance(m, (nn.Conv2d, nn.ConvTranspose2d)):
+            nn.init.normal_(m.weight, std=0.001)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.BatchNorm2d):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+
+
+class ClassicHead(nn.Module):
+    """Deconv(4x4, s2) -> BN -> ReLU per entry of `deconv_channels`, then a 1x1 conv to K maps.
+
+    The Sequential keeps the ReLUs as modules, so the two default stages are named
+    `deconv_layers.{0,1,3,4}`, as in every released checkpoint.
+    """
+
+    def __init__(self, in_channels, num_keypoints=17, deconv_channels=(256, 256)):
+        super().__init__()
+        layers = []
+        for out_channels in deconv_channels:
+            layers += [
+                nn.ConvTranspose2d(in_channels, out_channels, 4, stride=2, padding=1, output_padding=0, bias=False),
+                nn.BatchNorm2d(out_channels),
+                nn.ReLU(inplace=True),
+            ]
+            in_channels = out_channels
+        self.deconv_layers = nn.Sequential(*layers)
+        self.final_layer = nn.Conv2d(in_channels, num_keypoints, kernel_size=1)
+        _init_head(self)
+
+    def forward(self, x):
+        return self.final_layer(self.deconv_layers(x))
+
+
+class SimpleHead(nn.Module):
+    """ReLU -> bilinear x4 (align_corners=False) -> 3x3 conv to K maps."""
+
+    def __init__(self, in_channels, num_keypoints=17, scale_factor=4):
+        super().__init__()
+        self.scale_factor = scale_factor
+        self.final_layer = nn.Conv2d(in_channels, num_keypoints, kernel_size=3, padding=1)
+        _init_head(self)
+
+    def forward(self, x):
+        x = F.interpolate(F.relu(x), scale_factor=self.scale_factor, mode="bilinear", align_corners=False)
+        return self.final_layer(x)
+
+
+__all__ = ["ClassicHead", "SimpleHead"]

@@ -1,0 +1,97 @@
+"""ViTPose = ViT backbone + heatmap head; the size table, `build_model` and `flip_test`."""
+
+import torch
+from torch import nn
+
+from vitpose.coco_meta import FLIP_INDICES
+from vitpose.models.heads import ClassicHead, SimpleHead
+from vitpose.models.vit import VisionTransformer
+
+# SPEC.md §1.1. drop_path_rate is the training default of each size's config.
+MODEL_SIZES = {
+    "vitpose-s": dict(embed_dim=384, depth=12, num_heads=12, drop_path_rate=0.1),
+    "vitpose-b": dict(embed_dim=768, depth=12, num_heads=12, drop_path_rate=0.3),
+    "vitpose-l": dict(embed_dim=1024, depth=24, num_heads=16, drop_path_rate=0.5),
+    "vitpose-h": dict(embed_dim=1280, depth=32, num_heads=16, drop_path_rate=0.55),
+}
+DECODERS = ("classic", "simple")
+
+
+class ViTPose(nn.Module):
+    """Top-down pose model: normalised RGB crops (N, 3, 256, 192) -> heatmaps (N, K, 64, 48)."""
+
+    def __init__(self, backbone: VisionTransformer, head: nn.Module):
+        super().__init__()
+        self.backbone = backbone
+        self.head = head
+
+    def forward_features(self, x):
+        return self.backbone(x)
+
+    def forward_head(self, features):
+        return self.head(features)
+
+    def forward(self, x):
+        return self.forward_head(self.forward_features(x))
+
+    @torch.jit.ignore
+    def no_weight_decay(self):
+        return {"backbone." + name for name in self.backbone.no_weight_decay()}
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse=False):
+        # timm semantics: stem first, then one group per block (or all blocks together when
+        # coarse); the final norm after the last block; anything unmatched (the head) goes last.
+        return dict(
+            stem=r"^backbone\.(pos_embed|patch_embed)",
+            blocks=r"^backbone\.blocks\.(\d+)" if coarse else [
+                (r"^backbone\.blocks\.(\d+)", None),
+                (r"^backbone\.norm", (99999,)),
+            ],
+        )
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable=True):
+        self.backbone.set_grad_checkpointing(enable)
+
+
+def _canonical_name(name):
+    key = name.lower().replace("_", "-")
+    if key in MODEL_SIZES:
+        return key
+    if "vitpose-" + key in MODEL_SIZES:  # "s", "b", ...
+        return "vitpose-" + key
+    raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODEL_SIZES)}")
+
+
+def build_model(name, decoder="classic", num_keypoints=17, **kwargs):
+    """Build `vitpose-s|b|l|h` with the `classic` or `simple` decoder.
+
+    Extra keyword arguments go to the backbone (drop_path_rate, grad_checkpointing, img_size,
+    depth, embed_dim, num_heads, mlp_ratio, ...) except `deconv_channels`, which goes to the
+    classic head.
+    """
+    cfg = dict(MODEL_SIZES[_canonical_name(name)])
+    deconv_channels = kwargs.pop("deconv_channels", (256, 256))
+    cfg.update(kwargs)
+    backbone = VisionTransformer(**cfg)
+    if decoder == "classic":
+        head = ClassicHead(backbone.embed_dim, num_keypoints, deconv_channels=deconv_channels)
+    elif decoder == "simple":
+        head = SimpleHead(backbone.embed_dim, num_keypoints)
+    else:
+        raise ValueError(f"unknown decoder {decoder!r}; choose one of {DECODERS}")
+    return ViTPose(backbone, head)
+
+
+def flip_test(model, x, flip_indices=None):
+    """Average of model(x) and the heatmaps of the mirrored crop flipped back (no 1-px shift).
+
+    Both crops run as one batch; `flip_indices` (None: COCO-17) reorders left/right channels.
+    """
+    flip_indices = list(FLIP_INDICES if flip_indices is None else flip_indices)
+    heatmaps, flipped = model(torch.cat([x, x.flip(-1)])).chunk(2)
+    return (heatmaps + flipped.flip(-1)[:, flip_indices]) * 0.5
+
+
+__all__ = ["ViTPose", "build_model", "flip_test", "MODEL_SIZES", "DECODERS"]
