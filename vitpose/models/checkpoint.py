@@ -90,12 +90,14 @@ def _read_file(path):
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
+        # torch's message is long; keep its one specific line ("Unsupported global: ...").
+        detail = next((ln.strip() for ln in str(e).splitlines() if "Unsupported" in ln or "error:" in ln),
+                      str(e).splitlines()[0] if str(e) else type(e).__name__)
         raise CheckpointError(
             f"{path}: not a plain weights file: it pickles Python objects other than tensors and "
-            f"containers, and it was refused unread (weights_only=True) so that none of its code "
-            f"runs. If you trust it, re-save only its tensors, e.g. "
-            f"torch.save(torch.load(path, weights_only=False)['state_dict'], new_path). "
-            f"Details: {str(e).splitlines()[0]}"
+            f"plain containers, so it was refused unread (torch.load weights_only=True) and none of "
+            f"its code ran. If you trust the file, re-save just its tensors elsewhere, e.g. "
+            f"torch.save(torch.load(path, weights_only=False)['state_dict'], new_path). ({detail})"
         ) from None
 
 
@@ -218,7 +220,7 @@ def _adapt_patch_kernel(weight, model_weight, notes):
     return F.pad(weight, (p, p, p, p))
 
 
-def _split_backbone_head(state_dict, layout, prefixed):
+def _split_backbone_head(state_dict, prefixed):
     backbone, head, other = {}, {}, {}
     for name, value in state_dict.items():
         if not prefixed:
@@ -235,7 +237,7 @@ def _split_backbone_head(state_dict, layout, prefixed):
 def _convert(state_dict, model):
     """(own-layout state dict for `model`, layout, skipped names, notes, backbone_only)."""
     layout, prefixed = detect_layout(state_dict)
-    backbone, head, other = _split_backbone_head(state_dict, layout, prefixed)
+    backbone, head, other = _split_backbone_head(state_dict, prefixed)
     skipped = sorted(other)
     notes = []
     rules = {"mmpose1x": MMPOSE1X_BACKBONE, "official": OFFICIAL_BACKBONE, "hf": HF_BACKBONE}.get(layout, [])

@@ -1,0 +1,86 @@
+"""Layer-wise learning-rate decay parameter groups (MMPose LayerDecayOptimWrapperConstructor).
+
+SPEC.md §6: with NL = depth + 2, `pos_embed` and `patch_embed` get layer 0, `blocks.i` gets
+i + 1 and everything else (final norm, head) NL - 1; lr = base_lr * decay ** (NL - 1 - layer).
+Weight decay is 0 for 1-D parameters, names ending in `.bias` and names containing `pos_embed`.
+"""
+
+import re
+
+# SPEC.md §1.1: layer_decay_rate of each size's config.
+LAYER_DECAY = {"vitpose-s": 0.8, "vitpose-b": 0.75, "vitpose-l": 0.8, "vitpose-h": 0.85}
+
+_WRAPPERS = re.compile(r"^((module|_orig_mod)\.)+")
+_BLOCK = re.compile(r"^(?:backbone\.)?blocks\.(\d+)\.")
+_STEM = re.compile(r"^(?:backbone\.)?(pos_embed|patch_embed\.|cls_token|mask_token)")
+
+# own name -> MMPose 1.x name (the inverse of checkpoint.MMPOSE1X_BACKBONE)
+_TO_MMPOSE = [
+    (r"^backbone\.patch_embed\.proj\.", "backbone.patch_embed.projection."),
+    (r"^backbone\.blocks\.(\d+)\.norm1\.", r"backbone.layers.\1.ln1."),
+    (r"^backbone\.blocks\.(\d+)\.norm2\.", r"backbone.layers.\1.ln2."),
+    (r"^backbone\.blocks\.(\d+)\.mlp\.fc1\.", r"backbone.layers.\1.ffn.layers.0.0."),
+    (r"^backbone\.blocks\.(\d+)\.mlp\.fc2\.", r"backbone.layers.\1.ffn.layers.1."),
+    (r"^backbone\.blocks\.(\d+)\.attn\.", r"backbone.layers.\1.attn."),
+    (r"^backbone\.norm\.", "backbone.ln1."),
+]
+
+
+def mmpose_name(name):
+    """This project's parameter name -> MMPose 1.x's (e.g. backbone.blocks.0.mlp.fc1.weight ->
+    backbone.layers.0.ffn.layers.0.0.weight). Head names are the same in both."""
+    name = _WRAPPERS.sub("", name)
+    for pattern, repl in _TO_MMPOSE:
+        new, n = re.subn(pattern, repl, name)
+        if n:
+            return new
+    return name
+
+
+def layer_id(name, num_layers):
+    name = _WRAPPERS.sub("", name)
+    if _STEM.match(name):
+        return 0
+    m = _BLOCK.match(name)
+    if m:
+        return int(m.group(1)) + 1
+    return num_layers - 1
+
+
+def _depth(model):
+    model = getattr(model, "module", model)
+    model = getattr(model, "_orig_mod", model)
+    backbone = getattr(model, "backbone", model)
+    return len(backbone.blocks)
+
+
+def param_groups(model, lr=5e-4, weight_decay=0.1, layer_decay=0.8):
+    """AdamW parameter groups, one per (layer, decay/no-decay), with per-layer lr.
+
+    Each group carries `lr`, `weight_decay`, `layer_id`, `lr_scale` (so a scheduler can set
+    `group["lr"] = base * group["lr_scale"] * factor`) and `param_names`.
+    """
+    num_layers = _depth(model) + 2
+    groups = {}
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        lid = layer_id(name, num_layers)
+        no_decay = param.ndim == 1 or name.endswith(".bias") or "pos_embed" in name
+        key = (lid, no_decay)
+        if key not in groups:
+            scale = layer_decay ** (num_layers - lid - 1)
+            groups[key] = {
+                "params": [],
+                "param_names": [],
+                "lr": scale * lr,
+                "lr_scale": scale,
+                "weight_decay": 0.0 if no_decay else weight_decay,
+                "layer_id": lid,
+            }
+        groups[key]["params"].append(param)
+        groups[key]["param_names"].append(name)
+    return [groups[k] for k in sorted(groups)]
+
+
+__all__ = ["param_groups", "mmpose_name", "layer_id", "LAYER_DECAY"]
