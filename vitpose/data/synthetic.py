@@ -45,6 +45,7 @@ same bytes, and the first n images of a larger set are the n images of a smaller
 
 from __future__ import annotations
 
+import itertools
 import json
 import zlib
 from dataclasses import dataclass
@@ -104,6 +105,7 @@ class SyntheticImage:
     keypoints: np.ndarray  # (P, 17, 3) float64 COCO (x, y, v); v=0 rows are (0, 0, 0)
     bboxes: np.ndarray  # (P, 4) float64 xywh, clipped to the image
     facing_front: np.ndarray  # (P,) bool
+    people: list  # the Person records drawn, in drawing order (tests read their colours)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,7 +266,7 @@ def _figure_extent(kp: np.ndarray, height: float) -> np.ndarray:
 
 
 def _limb_thickness(height: float) -> int:
-    return max(2, int(round(0.05 * height)))
+    return max(2, round(0.05 * height))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,7 +277,7 @@ _ONE = 1 << _SHIFT
 
 
 def _pt(p: np.ndarray) -> tuple[int, int]:
-    return int(round(p[0] * _ONE)), int(round(p[1] * _ONE))
+    return round(p[0] * _ONE), round(p[1] * _ONE)
 
 
 def _draw_person(image: np.ndarray, owner: np.ndarray, person: Person, label: int,
@@ -289,11 +291,11 @@ def _draw_person(image: np.ndarray, owner: np.ndarray, person: Person, label: in
         cv2.line(owner, _pt(a), _pt(b), label, width, cv2.LINE_8, _SHIFT)
 
     def disk(c, radius, color):
-        cv2.circle(image, _pt(c), int(round(radius * _ONE)), color, -1, cv2.LINE_AA, _SHIFT)
-        cv2.circle(owner, _pt(c), int(round(radius * _ONE)), label, -1, cv2.LINE_8, _SHIFT)
+        cv2.circle(image, _pt(c), round(radius * _ONE), color, -1, cv2.LINE_AA, _SHIFT)
+        cv2.circle(owner, _pt(c), round(radius * _ONE), label, -1, cv2.LINE_8, _SHIFT)
 
     def limb_chain(side, names):
-        for a, b in zip(names[:-1], names[1:]):
+        for a, b in itertools.pairwise(names):
             line(kp[K[f"{side}_{a}"]], kp[K[f"{side}_{b}"]], colors[side], thick)
 
     sides = ["left", "right"]
@@ -311,7 +313,7 @@ def _draw_person(image: np.ndarray, owner: np.ndarray, person: Person, label: in
     head = (kp[K["left_ear"]] + kp[K["right_ear"]]) / 2
     neck = (kp[K["left_shoulder"]] + kp[K["right_shoulder"]]) / 2
     r = HEAD_RADIUS * L
-    line(neck, head, colors["skin"], max(2, int(round(0.8 * r))))
+    line(neck, head, colors["skin"], max(2, round(0.8 * r)))
     disk(head, r, colors["head"])
     ear_r = max(1.2, 0.22 * r)
     for side in ["left", "right"]:
@@ -390,7 +392,7 @@ def _synthesize_image(rng: np.random.Generator, width: int, height: int, max_peo
         y0, y1 = np.clip([y0, y1], 0, height)
         bboxes[i] = [x0, y0, x1 - x0, y1 - y0]
     facing = np.array([p.facing_front for p in people])
-    return SyntheticImage(image, background, keypoints, bboxes, facing)
+    return SyntheticImage(image, background, keypoints, bboxes, facing, people)
 
 
 def _iou_xyxy(a: np.ndarray, b: np.ndarray) -> float:
