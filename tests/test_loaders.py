@@ -1,0 +1,228 @@
+"""One worker pool for training and validation: order, sharding, resume, process count, RAM cap."""
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import psutil
+import pytest
+import torch
+from torch.utils.data import DataLoader, DistributedSampler
+
+from vitpose.coco_meta import PIXEL_MEAN, PIXEL_STD
+from vitpose.data import loaders as L
+from vitpose.data.loaders import batched, build_loaders, to_device, train_indices, val_indices
+from vitpose.engine.config import LoaderConfig
+
+
+class ToyPoses:
+    """Stand-in for CocoKeypoints: `ds[(index, epoch)]`, randomness a pure function of (seed, epoch, index)."""
+
+    def __init__(self, n, seed=0, train=True):
+        self.n, self.seed, self.train = n, seed, train
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, key):
+        index, epoch = key
+        rng = np.random.default_rng([self.seed, epoch if self.train else 0, index])
+        sample = {
+            "image": torch.from_numpy(rng.integers(0, 256, (3, 8, 6), dtype=np.uint8)),
+            "id": index,
+            "center": rng.random(2).astype(np.float32),
+        }
+        if self.train:
+            sample["keypoints"] = torch.from_numpy(rng.random((17, 2), dtype=np.float32))
+        return sample
+
+
+def cfg(**kw):
+    base = dict(batch_size=4, val_batch_size=3, num_workers=0, pin_memory=False, prefetch_factor=2)
+    return LoaderConfig(**{**base, **kw})
+
+
+def as_lists(batches):
+    return [(b["index"].tolist(), b["image"].clone(), b.get("keypoints")) for b in batches]
+
+
+def assert_same(a, b):
+    assert len(a) == len(b)
+    for (ia, xa, ka), (ib, xb, kb) in zip(a, b):
+        assert ia == ib
+        assert torch.equal(xa, xb)
+        assert (ka is None and kb is None) or torch.equal(ka, kb)
+
+
+@pytest.mark.parametrize("n", [10, 11, 13])
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_train_sharding_matches_distributed_sampler_and_covers_all(n, world_size):
+    for epoch in (0, 3):
+        shards = []
+        for rank in range(world_size):
+            ref = DistributedSampler(range(n), num_replicas=world_size, rank=rank, shuffle=True, seed=7)
+            ref.set_epoch(epoch)
+            ours = train_indices(n, epoch, seed=7, rank=rank, world_size=world_size)
+            assert ours == list(ref)
+            shards.append(ours)
+        assert len({len(s) for s in shards}) == 1  # every rank takes the same number of steps
+        flat = sum(shards, [])
+        assert set(flat) == set(range(n))
+        assert len(flat) == math.ceil(n / world_size) * world_size
+    assert train_indices(n, 0, seed=7) != train_indices(n, 1, seed=7)  # reshuffled per epoch
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_val_sharding_covers_every_index_once(world_size):
+    shards = [val_indices(11, r, world_size) for r in range(world_size)]
+    flat = sorted(sum(shards, []))
+    assert flat == list(range(11))
+    assert all(s == sorted(s) for s in shards)
+
+
+def test_batched_and_batch_counts():
+    assert batched(list(range(7)), 3) == [[0, 1, 2], [3, 4, 5], [6]]
+    assert batched(list(range(7)), 3, drop_last=True) == [[0, 1, 2], [3, 4, 5]]
+    for drop_last in (False, True):
+        for world_size in (1, 2, 3):
+            for rank in range(world_size):
+                ld = build_loaders(ToyPoses(23), ToyPoses(10, train=False), cfg(drop_last=drop_last),
+                                   rank=rank, world_size=world_size)
+                assert len(ld.train(0)) == ld.train_batches_per_epoch
+                assert len(ld.val()) == ld.val_batches
+                sizes = [len(b["index"]) for b in ld.train(0)]
+                assert len(sizes) == ld.train_batches_per_epoch
+                assert all(s == 4 for s in sizes[:-1])
+                if drop_last:
+                    assert sizes[-1] == 4
+
+
+def test_resume_is_the_tail_of_the_epoch():
+    ld = build_loaders(ToyPoses(22), None, cfg())
+    full = as_lists(ld.train(2))
+    assert len(full) == 6
+    for start in (0, 1, 5, 6):
+        assert_same(as_lists(ld.train(2, start_batch=start)), full[start:])
+    with pytest.raises(ValueError, match="start_batch 7"):
+        ld.train(2, start_batch=7)
+
+
+def children():
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def test_one_pool_through_train_val_train_same_batches_as_single_process():
+    train_set, val_set = ToyPoses(26, seed=3), ToyPoses(14, seed=3, train=False)
+    ref = build_loaders(train_set, val_set, cfg(num_workers=0), seed=5)
+    expected = [as_lists(ref.train(0)), as_lists(ref.val()), as_lists(ref.train(1, start_batch=2))]
+
+    before = children()
+    with build_loaders(train_set, val_set, cfg(num_workers=2), seed=5, available_ram=2**40) as ld:
+        assert ld.num_workers == 2
+        seen, pools = set(), []
+        got = []
+        for phase in (ld.train(0), ld.val(), ld.train(1, start_batch=2)):
+            batches = []
+            for batch in phase:
+                seen |= children() - before
+                batches.append(batch)
+            pools.append(tuple(ld.worker_pids()))
+            got.append(as_lists(batches))
+        assert len(seen) == 2  # never more than num_workers processes, over all three phases
+        assert pools[0] == pools[1] == pools[2]  # the same pool, never respawned
+    for g, e in zip(got, expected):
+        assert_same(g, e)
+    assert [b[0] for b in got[1]] == batched(list(range(14)), 3)  # validation in dataset order
+
+
+def test_two_loader_setup_doubles_the_processes():
+    # The count above can fail: the usual persistent training loader + a validation loader
+    # runs 2 + 2 workers during validation.
+    before = children()
+    train = DataLoader(range(16), batch_size=4, num_workers=2, persistent_workers=True)
+    val = DataLoader(range(8), batch_size=4, num_workers=2)
+    list(train)
+    peak = 0
+    for _ in val:
+        peak = max(peak, len(children() - before))
+    assert peak == 4
+    del train, val
+
+
+def test_abandoned_phase_does_not_leak_and_interleaving_raises():
+    train_set, val_set = ToyPoses(40), ToyPoses(9, train=False)
+    with build_loaders(train_set, val_set, cfg(num_workers=2), available_ram=2**40) as ld:
+        for i, _ in enumerate(ld.train(0)):
+            if i == 1:
+                break  # workers still have prefetched training batches in flight
+        val = [b["index"].tolist() for b in ld.val()]
+        assert val == batched(list(range(9)), 3)
+        it = iter(ld.train(1))
+        next(it)
+        for _ in ld.val():
+            pass
+        with pytest.raises(RuntimeError, match="newer train"):
+            next(it)
+
+
+def test_order_does_not_depend_on_num_workers():
+    ds = ToyPoses(19)
+    ref = as_lists(build_loaders(ds, None, cfg(num_workers=0), seed=1).train(4))
+    with build_loaders(ds, None, cfg(num_workers=2, prefetch_factor=1), seed=1, available_ram=2**40) as ld:
+        assert_same(as_lists(ld.train(4)), ref)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_ram_cap_with_monkeypatched_available_memory(monkeypatch):
+    train_set, val_set = ToyPoses(30), ToyPoses(10, train=False)
+    config = cfg(num_workers=8, batch_size=4, val_batch_size=3, prefetch_factor=3)
+    plenty = build_loaders(train_set, val_set, config, available_ram=2**40)
+    assert plenty.num_workers == 8 and plenty.memory_note is None
+    est = plenty.memory
+    # Analytic: a training sample is 144 image bytes + 8 center bytes + 17*2*4 keypoint bytes
+    # + the int id and index; the training batch (4) is larger than the validation one (3).
+    sample = 3 * 8 * 6 + 2 * 4 + 17 * 2 * 4 + 2 * int.__sizeof__(1)
+    assert est.batch_bytes == 4 * sample
+    assert est.per_worker_bytes == L.WORKER_BASE_BYTES + est.dataset_bytes + 4 * est.batch_bytes
+
+    # Room for exactly 2.5 workers' worth of the budget -> 2 workers.
+    available = int(2.5 * est.per_worker_bytes / L.RAM_BUDGET_FRACTION)
+    monkeypatch.setattr(L.psutil, "virtual_memory", lambda: SimpleNamespace(available=available))
+    capped = build_loaders(train_set, val_set, config)
+    assert capped.num_workers == 2
+    assert "capped from 8 to 2" in capped.memory_note and "GiB" in capped.memory_note
+    monkeypatch.setattr(L.psutil, "virtual_memory", lambda: SimpleNamespace(available=available // 10))
+    assert build_loaders(train_set, val_set, config).num_workers == 0
+
+
+def test_auto_workers_is_half_the_cores(monkeypatch):
+    monkeypatch.setattr(L.os, "sched_getaffinity", lambda pid: set(range(12)), raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert L.default_num_workers() == 6
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert L.default_num_workers() == 3
+    ld = build_loaders(ToyPoses(8), None, cfg(num_workers=None), available_ram=2**40)
+    assert ld.requested_workers == ld.num_workers == 3
+    assert ld.pin_memory == torch.cuda.is_available() or not ld.pin_memory
+
+
+def test_to_device_normalises_uint8_images():
+    batch = next(iter(build_loaders(ToyPoses(4), None, cfg()).train(0)))
+    assert batch["image"].dtype == torch.uint8
+    moved = to_device(batch, "cpu")
+    x = batch["image"].double().numpy()
+    mean = np.array(PIXEL_MEAN).reshape(1, 3, 1, 1)
+    std = np.array(PIXEL_STD).reshape(1, 3, 1, 1)
+    assert moved["image"].dtype == torch.float32
+    np.testing.assert_allclose(moved["image"].numpy(), (x - mean) / std, rtol=1e-6, atol=1e-6)
+    assert torch.equal(moved["keypoints"], batch["keypoints"])
+    assert to_device(batch, "cpu", normalize=False)["image"].dtype == torch.uint8
+
+
+def test_bad_settings_fail_clearly():
+    with pytest.raises(ValueError, match="training set is empty"):
+        build_loaders(ToyPoses(0), None, cfg())
+    with pytest.raises(ValueError, match="rank 2"):
+        build_loaders(ToyPoses(4), None, cfg(), rank=2, world_size=2)
+    with pytest.raises(ValueError, match="num_workers"):
+        build_loaders(ToyPoses(4), None, cfg(num_workers=-1))
