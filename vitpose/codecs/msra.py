@@ -1,0 +1,156 @@
+"""MSRA heatmap codec (Xiao et al., "Simple Baselines", 2018), plain and DARK, as MMPose 1.x runs it.
+
+Not used by ViTPose (which uses UDP); kept as the contrast case of SPEC.md section 4.2 and for
+configs that train non-UDP models. Stride is exactly input / heatmap (4 for 192x256 -> 48x64).
+
+* plain (unbiased=False): Gaussian centred on the integer cell int(x / 4 + 0.5); decode = argmax
+  plus 0.25 cell toward the larger neighbour, then x 4.
+* DARK (unbiased=True): Gaussian centred on the exact sub-pixel location over the whole map;
+  decode = blur (kernel 11) + log + one second-order Taylor step, only away from the borders.
+"""
+
+import numpy as np
+
+from .udp import _as_numpy_float32, _check_keypoints, blur_heatmaps, heatmap_maximum, window_gaussian_heatmaps
+
+__all__ = ["MSRAHeatmap"]
+
+
+def _unbiased_gaussian_heatmaps(heatmap_size, keypoints_hm, keypoints_visible, sigma):
+    """MMPose's `generate_unbiased_gaussian_heatmaps`, vectorised: (K, H, W) f32, (N, K) f32."""
+    W, H = heatmap_size
+    weights = np.array(keypoints_visible, dtype=np.float32, copy=True)
+    radius = sigma * 3
+    drawn = keypoints_visible >= 0.5
+    low = keypoints_hm - radius
+    high = keypoints_hm + radius + 1
+    with np.errstate(invalid="ignore"):
+        misses = (low[..., 0] >= W) | (low[..., 1] >= H) | (high[..., 0] < 0) | (high[..., 1] < 0)
+    weights[drawn & misses] = 0
+    drawn &= ~misses
+    x = np.arange(W, dtype=np.float32)
+    y = np.arange(H, dtype=np.float32)
+    mu = keypoints_hm.astype(np.float32)
+    dx = x - mu[..., 0, None]
+    dy = y - mu[..., 1, None]
+    exponent = (dx[..., None, :] ** 2 + dy[..., :, None] ** 2) / np.float32(2 * sigma ** 2)
+    gauss = np.where(drawn[..., None, None], np.exp(-exponent), np.float32(0))
+    heatmaps = gauss.max(axis=0) if gauss.shape[0] else np.zeros((mu.shape[1], H, W), np.float32)
+    return heatmaps.astype(np.float32, copy=False), weights
+
+
+def _refine_quarter_pixel(locations, heatmaps):
+    """Move each argmax 0.25 cell toward the larger neighbour (MMPose's `refine_keypoints`).
+
+    The x step needs 1 < x < W-1 and 0 < y < H; the y step 1 < y < H-1 and 0 < x < W.
+    """
+    B, K, H, W = heatmaps.shape
+    x = locations[..., 0].astype(np.int64)
+    y = locations[..., 1].astype(np.int64)
+    b, k = np.indices((B, K))
+
+    def value(yy, xx):
+        return heatmaps[b, k, np.clip(yy, 0, H - 1), np.clip(xx, 0, W - 1)]
+
+    use_x = (x > 1) & (x < W - 1) & (y > 0) & (y < H)
+    use_y = (y > 1) & (y < H - 1) & (x > 0) & (x < W)
+    dx = np.where(use_x, value(y, x + 1) - value(y, x - 1), np.float32(0))
+    dy = np.where(use_y, value(y + 1, x) - value(y - 1, x), np.float32(0))
+    step = np.sign(np.stack([dx, dy], axis=-1)).astype(np.float32) * np.float32(0.25)
+    return locations + step
+
+
+def _refine_dark(locations, heatmaps, kernel_size):
+    """DARK Taylor step (MMPose's `refine_keypoints_dark`), in float32 like MMPose.
+
+    Uses the log of the blurred map and derivatives with a 2-cell stencil for the second order
+    terms; applied only where 1 < x < W-2 and 1 < y < H-2 and the Hessian is not singular.
+    """
+    B, K, H, W = heatmaps.shape
+    logmaps = blur_heatmaps(heatmaps.reshape(B * K, H, W), kernel_size).reshape(B, K, H, W)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        np.maximum(logmaps, np.float32(1e-10), out=logmaps)
+        np.log(logmaps, out=logmaps)
+    x = locations[..., 0].astype(np.int64)
+    y = locations[..., 1].astype(np.int64)
+    inside = (x > 1) & (x < W - 2) & (y > 1) & (y < H - 2)
+    x = np.where(inside, x, 2)
+    y = np.where(inside, y, 2)
+    b, k = np.indices((B, K))
+
+    def at(dy_, dx_):
+        return logmaps[b, k, y + dy_, x + dx_]
+
+    half, quarter = np.float32(0.5), np.float32(0.25)
+    dx = half * (at(0, 1) - at(0, -1))
+    dy = half * (at(1, 0) - at(-1, 0))
+    dxx = quarter * (at(0, 2) - 2 * at(0, 0) + at(0, -2))
+    dxy = quarter * (at(1, 1) - at(-1, 1) - at(1, -1) + at(-1, -1))
+    dyy = quarter * (at(2, 0) - 2 * at(0, 0) + at(-2, 0))
+    det = dxx * dyy - dxy ** 2
+    usable = inside & (det != 0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        offset_x = -(dyy * dx - dxy * dy) / det
+        offset_y = -(dxx * dy - dxy * dx) / det
+    offset = np.stack([offset_x, offset_y], axis=-1).astype(np.float32)
+    return np.where(usable[..., None], locations + offset, locations)
+
+
+class MSRAHeatmap:
+    """Keypoints <-> MSRA Gaussian heatmaps (plain or DARK).
+
+    Args:
+        input_size: (w, h) of the model input crop.
+        heatmap_size: (W, H) of the heatmaps.
+        sigma: Gaussian sigma in heatmap cells.
+        unbiased: DARK encoding and decoding (Zhang et al., 2020).
+        blur_kernel_size: kernel of the DARK blur at decode time (11 matches sigma 2).
+    """
+
+    def __init__(self, input_size=(192, 256), heatmap_size=(48, 64), sigma=2.0, unbiased=False,
+                 blur_kernel_size=11):
+        self.input_size = tuple(int(v) for v in input_size)
+        self.heatmap_size = tuple(int(v) for v in heatmap_size)
+        self.sigma = sigma
+        self.unbiased = unbiased
+        self.blur_kernel_size = blur_kernel_size
+        self.scale_factor = (np.array(self.input_size) / np.array(self.heatmap_size)).astype(np.float32)
+
+    def __repr__(self):
+        return (f"{type(self).__name__}(input_size={self.input_size}, heatmap_size={self.heatmap_size}, "
+                f"sigma={self.sigma}, unbiased={self.unbiased}, blur_kernel_size={self.blur_kernel_size})")
+
+    def encode(self, keypoints, keypoints_visible=None):
+        """keypoints (N, K, 2) in input-crop pixels, keypoints_visible (N, K) ->
+        heatmaps (K, H, W) float32 (instances merged by max), keypoint_weights (N, K) float32."""
+        keypoints, keypoints_visible = _check_keypoints(keypoints, keypoints_visible, type(self).__name__)
+        keypoints_hm = keypoints / self.scale_factor
+        if self.unbiased:
+            return _unbiased_gaussian_heatmaps(self.heatmap_size, keypoints_hm, keypoints_visible, self.sigma)
+        return window_gaussian_heatmaps(self.heatmap_size, keypoints_hm, keypoints_visible, self.sigma,
+                                        subpixel=False)
+
+    def decode(self, heatmaps):
+        """heatmaps (K, H, W) -> keypoints (1, K, 2) float32 in input pixels, scores (1, K) float32."""
+        heatmaps = _as_numpy_float32(heatmaps)
+        if heatmaps.ndim != 3:
+            raise ValueError(f"{type(self).__name__}.decode: heatmaps must have shape (K, H, W), got {heatmaps.shape}")
+        return self.batch_decode(heatmaps[None])
+
+    def batch_decode(self, heatmaps):
+        """heatmaps (B, K, H, W) -> keypoints (B, K, 2) float32 in input pixels, scores (B, K) float32."""
+        heatmaps = _as_numpy_float32(heatmaps)
+        if heatmaps.ndim != 4:
+            raise ValueError(
+                f"{type(self).__name__}.batch_decode: heatmaps must have shape (B, K, H, W), got {heatmaps.shape}")
+        W, H = self.heatmap_size
+        if heatmaps.shape[-2:] != (H, W):
+            raise ValueError(
+                f"{type(self).__name__}: heatmaps are {heatmaps.shape[-2:]} (H, W) but the codec "
+                f"expects {(H, W)} (heatmap_size={self.heatmap_size})")
+        locations, scores = heatmap_maximum(heatmaps)
+        if self.unbiased:
+            locations = _refine_dark(locations, heatmaps, self.blur_kernel_size)
+        else:
+            locations = _refine_quarter_pixel(locations, heatmaps)
+        return locations * self.scale_factor, scores
