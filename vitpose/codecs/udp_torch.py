@@ -1,0 +1,73 @@
+"""UDP Gaussian targets computed in torch on the keypoints' device (one instance per sample).
+
+The trainer encodes targets next to the model, so only (B, K, 2) keypoints cross the PCIe bus
+instead of (B, K, 64, 48) heatmaps. The numbers equal `UDPHeatmap.encode` (MMPose's UDP
+Gaussian) to float32 rounding of exp: same integer centre int(x + 0.5) (truncation toward zero),
+same 3-sigma window, same weight rules. All arithmetic is float32/int64, so it also runs where
+float64 is missing.
+"""
+
+import numpy as np
+import torch
+
+__all__ = ["udp_encode_torch"]
+
+_FAR = 1.0e6  # see vitpose.codecs.udp: clip far-away keypoints before the integer cast
+
+
+def udp_encode_torch(keypoints, keypoints_visible, input_size=(192, 256), heatmap_size=(48, 64), sigma=2.0):
+    """keypoints (B, K, 2) in input-crop pixels, keypoints_visible (B, K) ->
+    heatmaps (B, K, H, W) float32, keypoint_weights (B, K) float32, on keypoints.device.
+
+    keypoint_weights copies the visibility (fractional values pass through); visibility < 0.5
+    draws nothing; a visible keypoint whose 13x13 window misses the map gets weight 0. A visible
+    keypoint with a non-finite coordinate is treated the same way (no target, weight 0) rather
+    than checked on the host, which would synchronise the device.
+    """
+    keypoints = torch.as_tensor(keypoints)
+    device = keypoints.device
+    keypoints_visible = torch.as_tensor(keypoints_visible, device=device)
+    if keypoints.ndim != 3 or keypoints.shape[-1] != 2:
+        raise ValueError(f"udp_encode_torch: keypoints must have shape (B, K, 2), got {tuple(keypoints.shape)}")
+    if tuple(keypoints_visible.shape) != tuple(keypoints.shape[:2]):
+        raise ValueError(
+            f"udp_encode_torch: keypoints_visible must have shape {tuple(keypoints.shape[:2])}, "
+            f"got {tuple(keypoints_visible.shape)}")
+    W, H = int(heatmap_size[0]), int(heatmap_size[1])
+    # The float32 stride MMPose divides by: (w - 1) / (W - 1), rounded to float32.
+    stride = np.float32((input_size[0] - 1) / (W - 1)), np.float32((input_size[1] - 1) / (H - 1))
+    stride = torch.tensor([float(stride[0]), float(stride[1])], dtype=torch.float32, device=device)
+
+    visible = keypoints_visible.to(torch.float32)
+    keypoints_hm = keypoints.to(torch.float32) / stride
+    finite = torch.isfinite(keypoints_hm).all(-1)
+    keypoints_hm = torch.nan_to_num(keypoints_hm, nan=0.0).clamp(-_FAR, _FAR)
+
+    radius = sigma * 3
+    window = 2 * radius + 1
+    window_cells = len(np.arange(0, window, 1))
+    centre_in_window = window // 2
+
+    mu = (keypoints_hm + 0.5).long()  # truncation toward zero, like Python's int()
+    low = (mu.float() - radius).long()
+    high = (mu.float() + radius + 1).long()
+    misses = (low[..., 0] >= W) | (low[..., 1] >= H) | (high[..., 0] < 0) | (high[..., 1] < 0) | ~finite
+    drawn = (visible >= 0.5) & ~misses
+    weights = torch.where((visible >= 0.5) & misses, torch.zeros_like(visible), visible)
+
+    # keypoints_hm - mu is exact in float32 (|difference| < 1), so this rounds once, like MMPose.
+    centre = centre_in_window + (keypoints_hm - mu.float())
+
+    def axis_terms(size, axis):
+        cells = torch.arange(size, device=device)
+        offset = cells - low[..., axis, None]
+        inside = (offset >= 0) & (cells < high[..., axis, None]) & (offset < window_cells)
+        d = offset.float() - centre[..., axis, None]
+        return d * d, inside
+
+    dx2, in_x = axis_terms(W, 0)
+    dy2, in_y = axis_terms(H, 1)
+    exponent = (dx2[..., None, :] + dy2[..., :, None]) / torch.tensor(2 * sigma ** 2, dtype=torch.float32, device=device)
+    mask = in_y[..., :, None] & in_x[..., None, :] & drawn[..., None, None]
+    heatmaps = torch.where(mask, torch.exp(-exponent), torch.zeros((), dtype=torch.float32, device=device))
+    return heatmaps, weights
