@@ -76,7 +76,9 @@ def test_annotations_are_valid_coco_keypoints(made, gt):
     v_all = np.concatenate([np.asarray(a["keypoints"])[2::3] for a in anns])
     assert (v_all == 1).any() and (v_all == 0).any()
     assert (v_all == 2).mean() > 0.7  # ... but most keypoints are visible: learnable.
-    assert any(a["num_keypoints"] < 17 for a in anns)
+    assert any(0 < a["num_keypoints"] < 17 for a in anns)
+    # Small people annotated without keypoints, as COCO has them: loaders filter these out.
+    assert any(a["num_keypoints"] == 0 and not any(a["keypoints"]) for a in anns)
 
 
 def test_images_exist_and_decode_to_their_size(made, gt):

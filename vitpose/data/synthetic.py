@@ -64,6 +64,9 @@ PEOPLE_PER_IMAGE_P = (0.4, 0.3, 0.18, 0.12)  # P(1), P(2), P(3), P(4) people (ca
 P_BACK_VIEW = 0.2  # seen from behind: no face, left side on the image's left
 P_TRUNCATED = 0.12  # placed partly outside the image
 P_OCCLUDER = 0.3  # per image: one rectangle drawn over a person
+# Per image: small people in the back, annotated like COCO's small people (no keypoints
+# labelled, num_keypoints 0) -- the instances a loader filters out and COCOeval ignores.
+P_SMALL_UNLABELLED = 0.2
 P_MISSED_DETECTION = 0.03
 FALSE_POSITIVES_PER_IMAGE = 0.4  # mean of a Poisson count
 
@@ -96,6 +99,7 @@ class Person:
     height: float  # L, pixels
     facing_front: bool
     colors: dict  # part name -> BGR tuple
+    labelled: bool = True  # False: annotated with num_keypoints 0, like COCO's small people
 
 
 @dataclass
@@ -341,6 +345,14 @@ def _synthesize_image(rng: np.random.Generator, width: int, height: int, max_peo
     p = np.array(PEOPLE_PER_IMAGE_P[:max_people])
     num_people = int(rng.choice(len(p), p=p / p.sum())) + 1
     people, extents = [], []
+    if rng.random() < P_SMALL_UNLABELLED:
+        for _ in range(int(rng.integers(1, 3))):
+            size = height * rng.uniform(0.12, 0.22)
+            front = rng.random() >= P_BACK_VIEW
+            pose = _sample_pose(rng, size, front)
+            x0, y0, x1, y1 = _figure_extent(pose, size)
+            offset = rng.uniform([-x0, -y0], [max(-x0, width - x1), max(-y0, height - y1)])
+            people.append(Person(pose + offset, size, front, _person_colors(rng, front), labelled=False))
     for _ in range(num_people):
         size = height * rng.uniform(0.5, 1.05) * (1.0 - 0.12 * (num_people - 1))
         front = rng.random() >= P_BACK_VIEW
@@ -366,16 +378,16 @@ def _synthesize_image(rng: np.random.Generator, width: int, height: int, max_peo
         _draw_person(image, owner, person, i + 1, rng)
 
     if rng.random() < P_OCCLUDER:
-        target = people[int(rng.integers(num_people))]
-        center = target.keypoints[int(rng.integers(NUM_KEYPOINTS))]
-        half = target.height * rng.uniform(0.06, 0.18, 2)
-        p0, p1 = center - half + rng.normal(0, 0.05 * target.height, 2), center + half
+        target = people[-num_people + int(rng.integers(num_people))]  # one of the labelled people
+        center = target.keypoints[int(rng.integers(NUM_KEYPOINTS))] + rng.normal(0, 0.05 * target.height, 2)
+        half = target.height * rng.uniform(0.05, 0.15, 2)
+        p0, p1 = center - half, center + half
         color = _muted_color(rng)
         cv2.rectangle(image, _pt(p0), _pt(p1), color, -1, cv2.LINE_AA, _SHIFT)
         cv2.rectangle(owner, _pt(p0), _pt(p1), 255, -1, cv2.LINE_8, _SHIFT)
 
-    keypoints = np.zeros((num_people, NUM_KEYPOINTS, 3))
-    bboxes = np.zeros((num_people, 4))
+    keypoints = np.zeros((len(people), NUM_KEYPOINTS, 3))
+    bboxes = np.zeros((len(people), 4))
     for i, person in enumerate(people):
         kp = person.keypoints
         inside = (kp[:, 0] >= 0) & (kp[:, 0] <= width - 1) & (kp[:, 1] >= 0) & (kp[:, 1] <= height - 1)
@@ -384,7 +396,8 @@ def _synthesize_image(rng: np.random.Generator, width: int, height: int, max_peo
         seen = owner[yi, xi] == i + 1
         if not person.facing_front:  # the face is on the far side of the head
             seen[[K["nose"], K["left_eye"], K["right_eye"]]] = False
-        v = np.where(inside, np.where(seen, 2, 1), 0)
+        v = np.where(inside, np.where(seen, 2, 1), 0) if person.labelled else np.zeros(NUM_KEYPOINTS)
+        inside &= v > 0
         keypoints[i, :, :2] = np.where(inside[:, None], kp, 0.0)
         keypoints[i, :, 2] = v
         x0, y0, x1, y1 = _figure_extent(kp, person.height)
