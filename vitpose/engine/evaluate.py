@@ -1,0 +1,121 @@
+"""The prediction loop shared by train.py (validation) and evaluate.py.
+
+`predict` turns batches of uint8 crops into the prediction dicts that `CocoEvaluator` takes:
+normalise on the device -> model (the crop and its mirror as ONE batch when flip testing) ->
+UDP decode (vectorised, on the host) -> image pixels, with the same helpers as
+`vitpose.Predictor` (vitpose/inference.py). Every step is MMPose's top-down `predict()`
+(tests/test_evaluate.py checks it against model_vitpose_s_io.npz).
+
+On CUDA the host decode of batch n overlaps the device forward of batch n + 1: the heatmaps are
+copied back asynchronously and only waited for one batch later.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+
+from vitpose.evaluation.coco_evaluator import STAT_NAMES
+from vitpose.inference import forward_heatmaps, heatmaps_to_keypoints
+
+
+def _numpy(value, dtype=None) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().numpy()
+    return np.asarray(value) if dtype is None else np.asarray(value, dtype=dtype)
+
+
+def _batch_meta(batch: dict) -> dict:
+    """The per-instance fields a prediction carries, as host numpy arrays."""
+    if "image" not in batch or "center" not in batch or "scale" not in batch:
+        missing = [k for k in ("image", "center", "scale") if k not in batch]
+        raise KeyError(f"batch lacks {missing} (expected the keys of a CocoKeypoints sample)")
+    scale = _numpy(batch["scale"], np.float32)
+    meta = {
+        "id": _numpy(batch["id"]).astype(np.int64),
+        "image_id": _numpy(batch["image_id"]).astype(np.int64),
+        "center": _numpy(batch["center"], np.float32),
+        "scale": scale,
+        "bbox_score": _numpy(batch.get("bbox_score", np.ones(len(scale))), np.float64),
+        # MMPose's area for OKS-NMS: the product of the aspect-fixed crop size (float32).
+        "area": _numpy(batch["area"], np.float64) if "area" in batch else np.prod(scale, axis=1).astype(np.float64),
+    }
+    if "bbox" in batch:
+        meta["bbox"] = _numpy(batch["bbox"], np.float64)
+    return meta
+
+
+def _decode(heatmaps: torch.Tensor, ready, meta: dict, codec) -> list[dict]:
+    if ready is not None:
+        ready.synchronize()
+    keypoints, scores = heatmaps_to_keypoints(heatmaps.numpy(), meta["center"], meta["scale"], codec)
+    predictions = []
+    for i in range(len(keypoints)):
+        pred = {"id": int(meta["id"][i]), "image_id": int(meta["image_id"][i]),
+                "keypoints": keypoints[i], "keypoint_scores": scores[i],
+                "bbox_score": float(meta["bbox_score"][i]), "area": float(meta["area"][i])}
+        if "bbox" in meta:
+            pred["bbox"] = meta["bbox"][i]
+        predictions.append(pred)
+    return predictions
+
+
+@torch.no_grad()
+def predict(model, batches: Iterable[dict], codec, flip_test: bool = True, device=None, amp_dtype=None,
+            flip_indices: Sequence[int] | None = None) -> list[dict]:
+    """Predictions (CONTRACT dicts) for every instance of `batches`.
+
+    batches: dicts of batched CocoKeypoints samples ("image" uint8 (B, 3, h, w) RGB, "id",
+        "image_id", "center", "scale", "bbox_score", and "area"/"bbox" when present).
+    codec: a UDPHeatmap (anything with `batch_decode` and `input_size`).
+    device: where the model runs (default: the device of its parameters).
+    amp_dtype: torch.bfloat16 / torch.float16 for autocast, None for full precision.
+    Returns the local process's predictions; gathering across processes is the caller's job.
+    The model runs in eval mode and is put back into its previous mode afterwards.
+    """
+    if device is None:
+        device = next(model.parameters()).device
+    device = torch.device(device)
+    was_training = model.training
+    model.eval()
+    predictions: list[dict] = []
+    pending = None  # the previous batch, decoded while the device works on the next one
+    try:
+        for batch in batches:
+            meta = _batch_meta(batch)
+            images = batch["image"].to(device, non_blocking=True)
+            heatmaps = forward_heatmaps(model, images, flip_test, amp_dtype, flip_indices)
+            ready = None
+            if device.type == "cuda":
+                heatmaps = heatmaps.to("cpu", non_blocking=True)
+                ready = torch.cuda.Event()
+                ready.record()
+            else:
+                heatmaps = heatmaps.cpu()
+            if pending is not None:
+                predictions.extend(_decode(*pending, codec))
+            pending = (heatmaps, ready, meta)
+        if pending is not None:
+            predictions.extend(_decode(*pending, codec))
+    finally:
+        model.train(was_training)
+    return predictions
+
+
+def evaluate_model(model, batches: Iterable[dict], evaluator, codec, flip_test: bool = True, device=None,
+                   amp_dtype=None, flip_indices: Sequence[int] | None = None) -> dict[str, float]:
+    """`predict` then `evaluator.evaluate`: the ten COCO keypoint stats (single process)."""
+    predictions = predict(model, batches, codec, flip_test=flip_test, device=device, amp_dtype=amp_dtype,
+                          flip_indices=flip_indices)
+    return evaluator.evaluate(predictions)
+
+
+def format_stats(stats: dict[str, float]) -> str:
+    """The ten stats as a two-row text table (names over values, values x 100 would hide rounding)."""
+    names = [n for n in STAT_NAMES if n in stats]
+    width = max(8, *(len(n) for n in names))
+    head = " | ".join(n.rjust(width) for n in names)
+    row = " | ".join(f"{stats[n]:.4f}".rjust(width) for n in names)
+    return f"{head}\n{'-' * len(head)}\n{row}"
