@@ -235,7 +235,7 @@ class CocoKeypoints(Dataset):
         for reason, bad in (("no keypoints field", ~has_kpts), ("crowd", crowd),
                             ("num_keypoints == 0", num_kpts == 0),
                             ("box empty after clipping", ~box_ok),
-                            ("max(keypoints) <= 0", xy.reshape(n, -1).max(axis=1, initial=0) <= 0)):
+                            ("max(keypoints) <= 0", xy.max(axis=(1, 2), initial=0) <= 0)):
             self._drop(reason, np.count_nonzero(keep & bad))
             keep &= ~bad
         # MMPose's order: images as listed, then their annotations as listed.
