@@ -67,7 +67,8 @@ def window_gaussian_heatmaps(heatmap_size, keypoints_hm, keypoints_visible, sigm
     window_cells = len(np.arange(0, window, 1))  # what MMPose's arange gives
     centre_in_window = window // 2
 
-    kpt = np.clip(keypoints_hm, -_FAR, _FAR)
+    # Invisible keypoints may be NaN (unlabelled); they are never drawn, so any finite stand-in works.
+    kpt = np.clip(np.nan_to_num(keypoints_hm, nan=0.0), -_FAR, _FAR)
     # Python's int() of (x + 0.5): truncation toward zero, so -0.7 -> 0, not -1.
     mu = (kpt + 0.5).astype(np.int64)
     low = (mu - radius).astype(np.int64)             # left, top
