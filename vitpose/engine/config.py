@@ -55,6 +55,7 @@ class DataConfig:
     # Synthetic set for the demo: images per split (0 = use the files under `root`).
     synthetic_train_images: int = 0
     synthetic_val_images: int = 0
+    synthetic_seed: int = 0
 
 
 @dataclass
@@ -102,6 +103,8 @@ class TrainConfig:
     keep_every: int = 10  # keep every k-th epoch's checkpoint
     val_every: int = 10
     max_nonfinite: int = 5  # non-finite losses in a row before saving and stopping
+    # Save and stop (as on SIGTERM) once this many optimizer steps are done: time-boxed runs, tests.
+    stop_at_iteration: int | None = None
     thermal_limit_c: int = 85
     thermal_guard: bool = False  # pause while the GPU is above the limit
     tensorboard: bool = True
