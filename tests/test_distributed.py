@@ -1,0 +1,164 @@
+"""DDP helpers: two gloo processes on CPU against one process on the same global batch."""
+
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+from vitpose.engine.distributed import (
+    all_reduce_mean,
+    broadcast_object,
+    cleanup,
+    gather_objects,
+    init_distributed,
+    sync_buffers,
+    unwrap,
+    wrap_model,
+)
+from vitpose.models import build_model
+
+WORLD = 2
+PER_RANK = 2  # samples per rank; the global batch is WORLD * PER_RANK
+
+
+def tiny_vitpose(decoder="simple"):
+    # BatchNorm would make per-rank batch statistics differ from the global batch's, so the
+    # gradient check uses the simple decoder (no BN) and no drop path (no randomness).
+    torch.manual_seed(0)
+    extra = {"deconv_channels": (8, 8)} if decoder == "classic" else {}
+    model = build_model("vitpose-s", decoder=decoder, depth=2, embed_dim=32, num_heads=2, drop_path_rate=0.0,
+                        num_keypoints=3, **extra)
+    with torch.no_grad():  # the N(0, 0.001) head init would leave the backbone gradients ~1e-6
+        model.head.final_layer.weight.normal_(0, 0.1)
+    return model
+
+
+def global_batch():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(WORLD * PER_RANK, 3, 256, 192, generator=g)
+    target = torch.rand(WORLD * PER_RANK, 3, 64, 48, generator=g)
+    return x, target
+
+
+def grads_of(model, x, target):
+    loss = F.mse_loss(model(x), target)
+    loss.backward()
+    return {n: p.grad.detach().clone() for n, p in unwrap(model).named_parameters()}
+
+
+def _worker(rank, port, out_dir):
+    import os
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    ctx = init_distributed("cpu")
+    try:
+        x, target = global_batch()
+        shard = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
+        local = grads_of(tiny_vitpose(), x[shard], target[shard])  # this rank's own gradient
+        ddp = wrap_model(tiny_vitpose(), ctx)
+        averaged = grads_of(ddp, x[shard], target[shard])
+
+        # BN running stats from different data on each rank; num_batches_tracked set apart.
+        bn_model = tiny_vitpose("classic").train()
+        with torch.no_grad():
+            for m in bn_model.head.deconv_layers:  # the head's N(0, 0.001) init leaves almost no variance
+                if isinstance(m, torch.nn.ConvTranspose2d):
+                    m.weight.normal_(0, 0.5)
+            bn_model(torch.randn(2, 3, 256, 192, generator=torch.Generator().manual_seed(10 + rank)) * (rank + 1))
+        for name, buf in bn_model.named_buffers():
+            if name.endswith("num_batches_tracked"):
+                buf.fill_(5 + rank)
+        before = {n: b.clone() for n, b in bn_model.named_buffers()}
+        sync_buffers(bn_model, ctx)
+        after = {n: b.clone() for n, b in bn_model.named_buffers()}
+
+        torch.save({
+            "ctx": (ctx.rank, ctx.world_size, ctx.local_rank, str(ctx.device), ctx.is_main, ctx.backend),
+            "is_ddp": type(ddp).__name__,
+            "local": local, "averaged": averaged, "before": before, "after": after,
+            "gathered": gather_objects([f"r{rank}-{i}" for i in range(rank + 2)], ctx),
+            "mean": all_reduce_mean(torch.tensor([float(rank), 10.0 * rank]), ctx),
+            "broadcast": broadcast_object({"from": rank}, ctx),
+        }, f"{out_dir}/rank{rank}.pt")
+    finally:
+        cleanup(ctx)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ddp")
+    mp.spawn(_worker, args=(free_port(), str(out)), nprocs=WORLD, join=True)
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+
+
+def test_context_from_torchrun_env(two_ranks):
+    assert [r["ctx"] for r in two_ranks] == [(0, 2, 0, "cpu", True, "gloo"), (1, 2, 1, "cpu", False, "gloo")]
+    assert all(r["is_ddp"] == "DistributedDataParallel" for r in two_ranks)
+
+
+def test_ddp_gradients_equal_single_process_global_batch(two_ranks):
+    single = grads_of(tiny_vitpose(), *global_batch())
+    assert set(single) == set(two_ranks[0]["averaged"])
+    for rank in two_ranks:
+        for name, g in single.items():
+            scale = g.abs().max().item()
+            diff = (rank["averaged"][name] - g).abs().max().item()
+            assert scale > 5e-5, name  # large enough for a wrong average to show
+            assert diff <= 1e-6 and diff <= 1e-5 * scale, (name, diff, scale)
+        # The rank's own half-batch gradient is not the answer: averaging did happen.
+        w = "backbone.blocks.0.attn.qkv.weight"
+        assert (rank["local"][w] - single[w]).abs().max() > 1e-3 * single[w].abs().max()
+
+
+def test_sync_buffers_means_float_buffers_keeps_integer_ones(two_ranks):
+    before = [r["before"] for r in two_ranks]
+    names = list(before[0])
+    assert any(n.endswith("running_var") for n in names)
+    for name in names:
+        if name.endswith("num_batches_tracked"):
+            for rank, r in enumerate(two_ranks):
+                assert r["after"][name].item() == 5 + rank  # integer buffers stay per rank
+            continue
+        assert not torch.allclose(before[0][name], before[1][name])  # the ranks really differed
+        mean = (before[0][name] + before[1][name]) / 2
+        for r in two_ranks:
+            torch.testing.assert_close(r["after"][name], mean, rtol=1e-6, atol=1e-7)
+
+
+def test_gather_reduce_broadcast(two_ranks):
+    assert two_ranks[0]["gathered"] == ["r0-0", "r0-1", "r1-0", "r1-1", "r1-2"]
+    assert two_ranks[1]["gathered"] == []
+    for r in two_ranks:
+        assert r["mean"].tolist() == [0.5, 5.0]
+        assert r["broadcast"] == {"from": 0}
+
+
+def test_single_process_is_a_no_op(monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    ctx = init_distributed("cpu")
+    assert (ctx.rank, ctx.world_size, ctx.is_main, ctx.backend, ctx.distributed) == (0, 1, True, None, False)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
+    assert wrap_model(model, ctx) is model
+    sync_buffers(model, ctx)
+    t = torch.tensor([1.0, 2.0])
+    assert all_reduce_mean(t, ctx).tolist() == [1.0, 2.0]
+    assert gather_objects([1, 2], ctx) == [1, 2] and broadcast_object("x", ctx) == "x"
+    cleanup(ctx)
+
+
+@pytest.mark.slow  # importing torch._dynamo alone takes seconds
+def test_unwrap_strips_compile_wrapper():
+    model = torch.nn.Linear(2, 2)
+    compiled = torch.compile(model)  # wrapping is lazy: nothing compiles until the first call
+    assert compiled is not model and unwrap(compiled) is model

@@ -1,0 +1,166 @@
+"""Multi-process (DDP) plumbing: one process per GPU, launched by torchrun.
+
+`init_distributed` reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT)
+and returns a `DistContext`; without torchrun it returns a single-process context and every
+helper below is a no-op, so the trainer has one code path. The data loaders shard their
+samples by `ctx.rank` / `ctx.world_size`.
+
+BatchNorm buffers (the classic decoder's running statistics) are not broadcast by DDP: each rank
+keeps its own, as in ViTPose's training script (`broadcast_buffers=False`), and `sync_buffers`
+replaces them with their mean over ranks at the end of each epoch, as MMPose's SyncBuffersHook
+does, so that the checkpoint rank 0 writes holds statistics of all the data.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+    is_main: bool = True
+    backend: str | None = None  # "nccl" | "gloo" | None (single process)
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def _resolve_device(device: str | torch.device, local_rank: int, launched: bool) -> torch.device:
+    device = str(device)
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"device {device!r} was asked for but CUDA is not available")
+        if launched:
+            # One GPU per process: torchrun's LOCAL_RANK picks it.
+            if dev.index is not None and dev.index != local_rank:
+                raise ValueError(f"device {device!r} conflicts with torchrun's LOCAL_RANK={local_rank}; "
+                                 "use device 'cuda' or 'auto' under torchrun")
+            dev = torch.device("cuda", local_rank)
+        elif dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.set_device(dev)
+    return dev
+
+
+def init_distributed(device: str | torch.device = "auto") -> DistContext:
+    """Join the process group torchrun set up (NCCL on CUDA, gloo on CPU), or run single-process."""
+    launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    rank = int(os.environ.get("RANK", 0)) if launched else 0
+    world_size = int(os.environ.get("WORLD_SIZE", 1)) if launched else 1
+    local_rank = int(os.environ.get("LOCAL_RANK", rank)) if launched else 0
+    dev = _resolve_device(device, local_rank, launched)
+    if world_size == 1:
+        return DistContext(device=dev)
+    backend = "nccl" if dev.type == "cuda" else "gloo"
+    if not dist.is_initialized():
+        # device_id binds the process group to this GPU, so barriers and object collectives
+        # need not guess which device to use.
+        kwargs = {"device_id": dev} if backend == "nccl" else {}
+        dist.init_process_group(backend=backend, rank=rank, world_size=world_size, **kwargs)
+    return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=dev,
+                       is_main=rank == 0, backend=dist.get_backend())
+
+
+def wrap_model(model: nn.Module, ctx: DistContext) -> nn.Module:
+    """DDP around the model when there is more than one process, else the model itself.
+
+    Every parameter gets a gradient in each step (no unused parameters), and buffers are not
+    broadcast from rank 0 each forward: `sync_buffers` averages them at epoch ends instead.
+    """
+    if not ctx.distributed:
+        return model
+    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=False,
+                                   broadcast_buffers=False, gradient_as_bucket_view=True)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain model inside DDP and torch.compile wrappers, in any nesting."""
+    while True:
+        if isinstance(model, DistributedDataParallel):
+            model = model.module
+        elif hasattr(model, "_orig_mod"):  # torch.compile's OptimizedModule
+            model = model._orig_mod
+        else:
+            return model
+
+
+@torch.no_grad()
+def sync_buffers(model: nn.Module, ctx: DistContext) -> None:
+    """Replace every floating-point buffer (BN running mean/var) by its mean over ranks.
+
+    Integer buffers such as BN's num_batches_tracked are left as they are. Buffers of one dtype
+    and device travel in one all-reduce.
+    """
+    if not ctx.distributed:
+        return
+    groups: dict[tuple, list[torch.Tensor]] = {}
+    for buf in unwrap(model).buffers():
+        if buf.is_floating_point():
+            groups.setdefault((buf.dtype, buf.device), []).append(buf)
+    for bufs in groups.values():
+        flat = torch.cat([b.reshape(-1) for b in bufs])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        flat /= ctx.world_size
+        offset = 0
+        for b in bufs:
+            b.copy_(flat[offset:offset + b.numel()].view_as(b))
+            offset += b.numel()
+
+
+def all_reduce_mean(tensor: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    """Mean of `tensor` over ranks (a new tensor; the input is left unchanged)."""
+    out = tensor.detach().clone()
+    if ctx.distributed:
+        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        out /= ctx.world_size
+    return out
+
+
+def gather_objects(obj_list: list, ctx: DistContext, dst: int = 0) -> list:
+    """Concatenate every rank's list of picklable objects on rank `dst` (in rank order).
+
+    Ranks other than `dst` get an empty list. Used for validation predictions; a loader that
+    pads shards to equal length must drop the padding itself.
+    """
+    if not ctx.distributed:
+        return list(obj_list)
+    parts = [None] * ctx.world_size if ctx.rank == dst else None
+    dist.gather_object(list(obj_list), parts, dst=dst)
+    if ctx.rank != dst:
+        return []
+    return [obj for part in parts for obj in part]
+
+
+def broadcast_object(obj, ctx: DistContext, src: int = 0):
+    """Rank `src`'s `obj` on every rank (e.g. a stop decision or a run directory name)."""
+    if not ctx.distributed:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def barrier(ctx: DistContext) -> None:
+    if ctx.distributed:
+        dist.barrier()
+
+
+def cleanup(ctx: DistContext | None = None) -> None:
+    """Leave the process group (call once at the end of the run, also after an error)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
