@@ -1,0 +1,22 @@
+"""COCO keypoint data: geometry, augmentation, dataset, synthetic set and loaders."""
+
+import importlib
+
+_LOCATIONS = {
+    "get_udp_warp_matrix": "vitpose.data.geometry",
+    "get_warp_matrix": "vitpose.data.geometry",
+    "bbox_xyxy2cs": "vitpose.data.geometry",
+    "fix_aspect_ratio": "vitpose.data.geometry",
+    "CocoKeypoints": "vitpose.data.coco",
+    "DataError": "vitpose.data.errors",
+    "build_loaders": "vitpose.data.loaders",
+}
+__all__ = sorted(_LOCATIONS)
+
+
+def __getattr__(name):
+    # Imported on first use so that `import vitpose` stays light and each layer
+    # loads only what it needs.
+    if name in _LOCATIONS:
+        return getattr(importlib.import_module(_LOCATIONS[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
