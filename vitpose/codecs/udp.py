@@ -84,22 +84,32 @@ def window_gaussian_heatmaps(heatmap_size, keypoints_hm, keypoints_visible, sigm
     else:
         centre = np.full(kpt.shape, centre_in_window, dtype=np.float32)
 
-    def axis_terms(size, axis):
-        cells = np.arange(size, dtype=np.int64)
-        offset = cells - low[..., axis, None]            # (N, K, size) position in the window
-        inside = (cells >= low[..., axis, None]) & (cells < high[..., axis, None]) & (offset < window_cells)
-        d = offset.astype(np.float32) - centre[..., axis, None]
-        return d * d, inside
+    # Evaluate the Gaussian on each keypoint's window only (K x 13 x 13 values, not K x H x W),
+    # then scatter the cells that fall on the map.
+    steps = np.arange(window_cells, dtype=np.int64)
 
-    dx2, in_x = axis_terms(W, 0)
-    dy2, in_y = axis_terms(H, 1)
+    def axis_terms(size, axis):
+        cells = low[..., axis, None] + steps                       # (N, K, window) map cells
+        inside = (cells >= 0) & (cells < size) & (cells < high[..., axis, None])
+        d = steps.astype(np.float32) - centre[..., axis, None]
+        return d * d, cells, inside
+
+    dx2, cells_x, in_x = axis_terms(W, 0)
+    dy2, cells_y, in_y = axis_terms(H, 1)
     # Same float32 operation order as MMPose: (x - x0)^2 + (y - y0)^2, / (2 sigma^2), exp.
     exponent = (dx2[..., None, :] + dy2[..., :, None]) / np.float32(2 * sigma ** 2)
     gauss = np.exp(-exponent)
     mask = in_y[..., :, None] & in_x[..., None, :] & drawn[..., None, None]
-    gauss = np.where(mask, gauss, np.float32(0))
-    heatmaps = gauss.max(axis=0) if gauss.shape[0] else np.zeros((kpt.shape[1], H, W), np.float32)
-    return heatmaps.astype(np.float32, copy=False), weights
+
+    N, K = kpt.shape[:2]
+    heatmaps = np.zeros((K, H, W), dtype=np.float32)
+    k_index = np.broadcast_to(np.arange(K)[:, None, None], mask.shape[1:])
+    for n in range(N):  # instances: cells of one instance never collide, so a plain max-assign works
+        m = mask[n]
+        where = (k_index[m], np.broadcast_to(cells_y[n][:, :, None], m.shape)[m],
+                 np.broadcast_to(cells_x[n][:, None, :], m.shape)[m])
+        heatmaps[where] = np.maximum(heatmaps[where], gauss[n][m])
+    return heatmaps, weights
 
 
 def heatmap_maximum(heatmaps):
@@ -149,11 +159,10 @@ def refine_dark_udp(locations, heatmaps, kernel_size=11):
     Returns refined locations (B, K, 2) float32.
     """
     B, K, H, W = heatmaps.shape
-    logmaps = blur_heatmaps(heatmaps.reshape(B * K, H, W), kernel_size)
-    with np.errstate(invalid="ignore"):
-        np.clip(logmaps, 1e-3, 50.0, out=logmaps)
-        np.log(logmaps, out=logmaps)
-    padded = np.pad(logmaps, ((0, 0), (1, 1), (1, 1)), mode="edge").reshape(B, -1)
+    blurred = blur_heatmaps(heatmaps.reshape(B * K, H, W), kernel_size)
+    # MMPose clips and takes the log of whole maps; both are elementwise, so doing it on the
+    # seven gathered values per keypoint (below) gives the same numbers for far less work.
+    padded = np.pad(blurred, ((0, 0), (1, 1), (1, 1)), mode="edge").reshape(B, -1)
     row = W + 2
     # Flat index into each sample's (K, H+2, W+2) block, as MMPose computes it. A location of -1
     # makes index - 1 negative for keypoint 0, which numpy wraps to the block's end: the
@@ -162,7 +171,9 @@ def refine_dark_udp(locations, heatmaps, kernel_size=11):
     index += row * (H + 2) * np.arange(K)
 
     def at(shift):
-        return np.take_along_axis(padded, (index + shift) % padded.shape[1], axis=1)
+        values = np.take_along_axis(padded, (index + shift) % padded.shape[1], axis=1)
+        with np.errstate(invalid="ignore"):
+            return np.log(np.clip(values, np.float32(1e-3), np.float32(50.0)))
 
     centre = at(0)
     right, left = at(1), at(-1)
