@@ -10,6 +10,8 @@ _LOCATIONS = {
     "CocoKeypoints": "vitpose.data.coco",
     "DataError": "vitpose.data.errors",
     "build_loaders": "vitpose.data.loaders",
+    "make_coco": "vitpose.data.synthetic",
+    "SyntheticCoco": "vitpose.data.synthetic",
 }
 __all__ = sorted(_LOCATIONS)
 
