@@ -10,7 +10,12 @@ import torch
 
 from vitpose.codecs import UDPHeatmap
 from vitpose.data.geometry import (
-    bbox_xywh2xyxy, bbox_xyxy2cs, crop_to_image, fix_aspect_ratio, get_udp_warp_matrix, get_warp_matrix,
+    bbox_xywh2xyxy,
+    bbox_xyxy2cs,
+    crop_to_image,
+    fix_aspect_ratio,
+    get_udp_warp_matrix,
+    get_warp_matrix,
     transform_points,
 )
 

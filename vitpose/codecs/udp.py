@@ -17,7 +17,7 @@ The helpers `heatmap_maximum` and `blur_heatmaps` are shared with the MSRA codec
 import cv2
 import numpy as np
 
-__all__ = ["UDPHeatmap", "heatmap_maximum", "blur_heatmaps", "window_gaussian_heatmaps"]
+__all__ = ["UDPHeatmap", "blur_heatmaps", "heatmap_maximum", "window_gaussian_heatmaps"]
 
 # Keypoints further than this from the map (in heatmap cells) are clipped before the integer
 # cast: they are far outside either way, and the clip keeps int64 arithmetic from overflowing.

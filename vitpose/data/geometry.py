@@ -16,8 +16,13 @@ import cv2
 import numpy as np
 
 __all__ = [
-    "bbox_xywh2xyxy", "bbox_xyxy2cs", "fix_aspect_ratio", "get_udp_warp_matrix", "get_warp_matrix",
-    "transform_points", "crop_to_image",
+    "bbox_xywh2xyxy",
+    "bbox_xyxy2cs",
+    "crop_to_image",
+    "fix_aspect_ratio",
+    "get_udp_warp_matrix",
+    "get_warp_matrix",
+    "transform_points",
 ]
 
 
