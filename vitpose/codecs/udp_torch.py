@@ -58,16 +58,24 @@ def udp_encode_torch(keypoints, keypoints_visible, input_size=(192, 256), heatma
     # keypoints_hm - mu is exact in float32 (|difference| < 1), so this rounds once, like MMPose.
     centre = centre_in_window + (keypoints_hm - mu.float())
 
-    def axis_terms(size, axis):
-        cells = torch.arange(size, device=device)
-        offset = cells - low[..., axis, None]
-        inside = (offset >= 0) & (cells < high[..., axis, None]) & (offset < window_cells)
-        d = offset.float() - centre[..., axis, None]
-        return d * d, inside
+    # Evaluate each keypoint's 13x13 window only, then scatter it into the map; cells off the map
+    # (or of keypoints not drawn) go to one spare slot past the end, which is dropped.
+    steps = torch.arange(window_cells, device=device)
 
-    dx2, in_x = axis_terms(W, 0)
-    dy2, in_y = axis_terms(H, 1)
-    exponent = (dx2[..., None, :] + dy2[..., :, None]) / torch.tensor(2 * sigma ** 2, dtype=torch.float32, device=device)
+    def axis_terms(size, axis):
+        cells = low[..., axis, None] + steps                      # (B, K, window) map cells
+        inside = (cells >= 0) & (cells < size) & (cells < high[..., axis, None])
+        d = steps.float() - centre[..., axis, None]
+        return d * d, cells, inside
+
+    dx2, cells_x, in_x = axis_terms(W, 0)
+    dy2, cells_y, in_y = axis_terms(H, 1)
+    two_sigma2 = torch.tensor(2 * sigma ** 2, dtype=torch.float32, device=device)
+    gauss = torch.exp(-((dx2[..., None, :] + dy2[..., :, None]) / two_sigma2))
     mask = in_y[..., :, None] & in_x[..., None, :] & drawn[..., None, None]
-    heatmaps = torch.where(mask, torch.exp(-exponent), torch.zeros((), dtype=torch.float32, device=device))
+    flat = torch.where(mask, cells_y[..., :, None] * W + cells_x[..., None, :], H * W)
+    B, K = keypoints_hm.shape[:2]
+    heatmaps = torch.zeros(B, K, H * W + 1, dtype=torch.float32, device=device)
+    heatmaps.scatter_(-1, flat.reshape(B, K, -1), gauss.reshape(B, K, -1))
+    heatmaps = heatmaps[..., :H * W].reshape(B, K, H, W)
     return heatmaps, weights
