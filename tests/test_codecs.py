@@ -220,6 +220,24 @@ def test_udp_encode_torch_nonfinite_and_dtypes():
     np.testing.assert_allclose(heatmaps[0, :1].numpy(), ref, atol=1e-6)
 
 
+def test_udp_encode_torch_equals_numpy_on_random_edge_cases():
+    # Beyond the fixture: points in and far around the crop, exact half-cell ties, fractional
+    # visibility; the torch targets must follow the numpy (MMPose) rules cell for cell.
+    rng = np.random.default_rng(7)
+    B, K = 64, 17
+    keypoints = rng.uniform(-60, 260, (B, K, 2)).astype(np.float32)
+    stride = np.float32([191 / 47, 255 / 63])
+    ties = (rng.integers(-8, 56, (B, K, 2)) + 0.5).astype(np.float32) * stride
+    keypoints = np.where(rng.random((B, K, 1)) < 0.25, ties, keypoints).astype(np.float32)
+    visible = rng.choice(np.float32([0, 0.3, 0.5, 0.7, 1, 2]), (B, K))
+    heatmaps, weights = udp_encode_torch(torch.from_numpy(keypoints), torch.from_numpy(visible))
+    codec = UDPHeatmap()
+    for b in range(B):
+        ref_heatmaps, ref_weights = codec.encode(keypoints[b:b + 1], visible[b:b + 1])
+        np.testing.assert_allclose(heatmaps[b].numpy(), ref_heatmaps, rtol=0, atol=1e-6, err_msg=f"sample {b}")
+        np.testing.assert_array_equal(weights[b].numpy(), ref_weights[0], err_msg=f"sample {b}")
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_udp_encode_torch_on_cuda(udp_fx):
     keypoints = torch.from_numpy(udp_fx["keypoints"][:, 0])
