@@ -133,7 +133,8 @@ class VisionTransformer(nn.Module):
         self.grad_checkpointing = grad_checkpointing
         self.patch_embed = PatchEmbed(img_size, patch_size, patch_padding, in_chans, embed_dim)
         self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches, embed_dim))
-        rates = torch.linspace(0, drop_path_rate, depth).tolist() if depth > 0 else []
+        # linspace(0, drop_path_rate, depth) in float64, as mmpretrain's np.linspace
+        rates = [drop_path_rate * i / (depth - 1) if depth > 1 else 0.0 for i in range(depth)]
         self.blocks = nn.ModuleList(
             Block(embed_dim, num_heads, mlp_ratio, qkv_bias, drop_path=rates[i]) for i in range(depth)
         )
