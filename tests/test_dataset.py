@@ -118,7 +118,7 @@ def test_synthetic_set_loads(tmp_path):
 def _write_big_annotations(path, num_instances, per_image=3):
     """A COCO-shaped keypoint file (no pixels needed to build the index)."""
     rng = np.random.default_rng(0)
-    num_images = num_instances // per_image
+    num_images = -(-num_instances // per_image)
     images = [{"id": i + 1, "file_name": f"{i + 1:012d}.jpg", "width": 640, "height": 480}
               for i in range(num_images)]
     kp = np.round(rng.uniform(50, 400, (num_instances, 17, 3)), 1)

@@ -182,40 +182,52 @@ class CocoKeypoints(Dataset):
         n = len(anns)
         ann_ids = np.empty(n, np.int64)
         image_ids = np.empty(n, np.int64)
-        boxes = np.zeros((n, 4), np.float64)
-        kpts = np.zeros((n, K, 3), np.float32)
         crowd = np.zeros(n, bool)
         has_kpts = np.ones(n, bool)
         num_kpts = np.full(n, -1, np.int64)
+        # Plain lists, converted once at the end: per-record numpy calls would dominate on
+        # COCO train (260k records).
+        box_rows, kpt_rows, rows_with_kpts = [], [], []
         for j, ann in enumerate(anns):
             ann_ids[j] = _require(ann, "id", path, f"annotations[{j}]", int)
-            rec = f"annotation id {ann_ids[j]}"
-            image_ids[j] = _require(ann, "image_id", path, rec, int)
+            image_ids[j] = _require(ann, "image_id", path, f"annotation id {ann_ids[j]}", int)
             crowd[j] = bool(ann.get("iscrowd", 0))
             if "keypoints" not in ann or "bbox" not in ann:
                 has_kpts[j] = False  # MMPose skips these records (not keypoint annotations)
                 continue
-            box = ann["bbox"]
+            box, kp = ann["bbox"], ann["keypoints"]
             if not isinstance(box, (list, tuple)) or len(box) != 4:
-                raise DataError("bbox must be [x, y, w, h]", file=path, record=rec, field="bbox")
-            try:
-                boxes[j] = box
-            except (TypeError, ValueError):
-                raise DataError(f"bbox is not numeric: {box!r}", file=path, record=rec, field="bbox") from None
-            if not np.all(np.isfinite(boxes[j])) or boxes[j, 2] < 0 or boxes[j, 3] < 0:
-                raise DataError(f"bbox has a negative or non-finite size: {box}",
-                                file=path, record=rec, field="bbox")
-            kp = ann["keypoints"]
+                raise DataError("bbox must be [x, y, w, h]", file=path,
+                                record=f"annotation id {ann_ids[j]}", field="bbox")
             if not isinstance(kp, (list, tuple)) or len(kp) != 3 * K:
                 got = len(kp) if isinstance(kp, (list, tuple)) else type(kp).__name__
                 raise DataError(f"keypoints must hold {3 * K} numbers (x, y, v for {K} keypoints), "
-                                f"got {got}", file=path, record=rec, field="keypoints")
-            try:
-                kpts[j] = np.asarray(kp, np.float32).reshape(K, 3)
-            except (TypeError, ValueError):
-                raise DataError("keypoints are not numeric", file=path, record=rec, field="keypoints") from None
+                                f"got {got}", file=path, record=f"annotation id {ann_ids[j]}",
+                                field="keypoints")
             if "num_keypoints" in ann:
-                num_kpts[j] = _require(ann, "num_keypoints", path, rec, (int, float))
+                num_kpts[j] = _require(ann, "num_keypoints", path, f"annotation id {ann_ids[j]}", (int, float))
+            box_rows.append(box)
+            kpt_rows.append(kp)
+            rows_with_kpts.append(j)
+        boxes = np.zeros((n, 4), np.float64)
+        kpts = np.zeros((n, K, 3), np.float32)
+        rows_with_kpts = np.asarray(rows_with_kpts, np.int64)
+        for name, rows, dst, shape in (("bbox", box_rows, boxes, (-1, 4)), ("keypoints", kpt_rows, kpts, (-1, K, 3))):
+            try:
+                dst[rows_with_kpts] = np.array(rows, np.float64).reshape(shape)
+            except (TypeError, ValueError):
+                for j, row in zip(rows_with_kpts, rows):  # find the culprit for the message
+                    try:
+                        np.array(row, np.float64)
+                    except (TypeError, ValueError):
+                        raise DataError(f"{name} is not numeric: {row!r}", file=path,
+                                        record=f"annotation id {ann_ids[j]}", field=name) from None
+                raise
+        bad_box = ~np.all(np.isfinite(boxes), axis=1) | (boxes[:, 2] < 0) | (boxes[:, 3] < 0)
+        if np.any(bad_box):
+            j = int(np.flatnonzero(bad_box)[0])
+            raise DataError(f"bbox has a negative or non-finite size: {boxes[j].tolist()}",
+                            file=path, record=f"annotation id {ann_ids[j]}", field="bbox")
         dup = np.unique(ann_ids, return_counts=True)
         if np.any(dup[1] > 1):
             raise DataError("annotation id appears twice", file=path,
