@@ -1,5 +1,6 @@
 """DDP helpers: two gloo processes on CPU against one process on the same global batch."""
 
+import contextlib
 import socket
 
 import pytest
@@ -9,10 +10,12 @@ import torch.nn.functional as F
 
 from vitpose.engine.distributed import (
     all_reduce_mean,
+    any_rank,
     broadcast_object,
     cleanup,
     gather_objects,
     init_distributed,
+    no_sync,
     sync_buffers,
     unwrap,
     wrap_model,
@@ -61,6 +64,9 @@ def _worker(rank, port, out_dir):
         local = grads_of(tiny_vitpose(), x[shard], target[shard])  # this rank's own gradient
         ddp = wrap_model(tiny_vitpose(), ctx)
         averaged = grads_of(ddp, x[shard], target[shard])
+        ddp.zero_grad(set_to_none=True)
+        with no_sync(ddp):  # an accumulation micro-step: gradients stay this rank's own
+            unsynced = grads_of(ddp, x[shard], target[shard])
 
         # BN running stats from different data on each rank; num_batches_tracked set apart.
         bn_model = tiny_vitpose("classic").train()
@@ -79,7 +85,8 @@ def _worker(rank, port, out_dir):
         torch.save({
             "ctx": (ctx.rank, ctx.world_size, ctx.local_rank, str(ctx.device), ctx.is_main, ctx.backend),
             "is_ddp": type(ddp).__name__,
-            "local": local, "averaged": averaged, "before": before, "after": after,
+            "local": local, "averaged": averaged, "unsynced": unsynced,
+            "any": any_rank([rank == 1, False, True], ctx), "before": before, "after": after,
             "gathered": gather_objects([f"r{rank}-{i}" for i in range(rank + 2)], ctx),
             "mean": all_reduce_mean(torch.tensor([float(rank), 10.0 * rank]), ctx),
             "broadcast": broadcast_object({"from": rank}, ctx),
@@ -120,6 +127,12 @@ def test_ddp_gradients_equal_single_process_global_batch(two_ranks):
         assert (rank["local"][w] - single[w]).abs().max() > 1e-3 * single[w].abs().max()
 
 
+def test_no_sync_keeps_local_gradients(two_ranks):
+    for rank in two_ranks:
+        for name, g in rank["local"].items():
+            torch.testing.assert_close(rank["unsynced"][name], g, rtol=1e-5, atol=1e-7)
+
+
 def test_sync_buffers_means_float_buffers_keeps_integer_ones(two_ranks):
     before = [r["before"] for r in two_ranks]
     names = list(before[0])
@@ -141,6 +154,7 @@ def test_gather_reduce_broadcast(two_ranks):
     for r in two_ranks:
         assert r["mean"].tolist() == [0.5, 5.0]
         assert r["broadcast"] == {"from": 0}
+        assert r["any"] == (True, False, True)
 
 
 def test_single_process_is_a_no_op(monkeypatch):
@@ -154,6 +168,8 @@ def test_single_process_is_a_no_op(monkeypatch):
     t = torch.tensor([1.0, 2.0])
     assert all_reduce_mean(t, ctx).tolist() == [1.0, 2.0]
     assert gather_objects([1, 2], ctx) == [1, 2] and broadcast_object("x", ctx) == "x"
+    assert any_rank([0, 1], ctx) == (False, True)
+    assert isinstance(no_sync(model), contextlib.nullcontext)
     cleanup(ctx)
 
 

@@ -147,8 +147,8 @@ def test_loader_bound_warning(tmp_path, monkeypatch):
         t.log_step(i, 0, 1.0, 1e-3, 8, step_time=0.2, data_time=0.07)
     t.close()
     warnings = [line for line in stream.getvalue().splitlines() if line.startswith("WARNING")]
-    assert warnings == ["WARNING loader-bound: data wait 35% of step; raise loader.num_workers from 4 to 8 "
-                        "(16 cores), or run `python -m vitpose.tune --config configs/vitpose-s.yaml`"]
+    assert warnings == [("WARNING loader-bound: data wait 35% of step; raise loader.num_workers from 4 to 8 "
+                         "(16 cores), or run `python -m vitpose.tune --config configs/vitpose-s.yaml`")]
     w = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["kind"] == "warning"]
     assert len(w) == 1 and w[0]["code"] == "loader_bound" and w[0]["data_share"] == pytest.approx(0.35)
 
@@ -206,6 +206,9 @@ class FakeNVML:
     NVML_TEMPERATURE_GPU = 0
     NVML_CLOCK_SM = 1
 
+    class NVMLError(Exception):
+        pass
+
     @staticmethod
     def nvmlDeviceGetUtilizationRates(h):
         return SimpleNamespace(gpu=h["util"], memory=10)
@@ -213,7 +216,7 @@ class FakeNVML:
     @staticmethod
     def nvmlDeviceGetPowerUsage(h):
         if h.get("no_power"):
-            raise RuntimeError("NVMLError_NotSupported")
+            raise FakeNVML.NVMLError("Not Supported")
         return h["mw"]
 
     @staticmethod

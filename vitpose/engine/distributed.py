@@ -13,8 +13,10 @@ does, so that the checkpoint rank 0 writes holds statistics of all the data.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -27,7 +29,7 @@ class DistContext:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
-    device: torch.device = torch.device("cpu")
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     is_main: bool = True
     backend: str | None = None  # "nccl" | "gloo" | None (single process)
 
@@ -59,8 +61,8 @@ def _resolve_device(device: str | torch.device, local_rank: int, launched: bool)
 def init_distributed(device: str | torch.device = "auto") -> DistContext:
     """Join the process group torchrun set up (NCCL on CUDA, gloo on CPU), or run single-process."""
     launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-    rank = int(os.environ.get("RANK", 0)) if launched else 0
-    world_size = int(os.environ.get("WORLD_SIZE", 1)) if launched else 1
+    rank = int(os.environ.get("RANK", "0")) if launched else 0
+    world_size = int(os.environ.get("WORLD_SIZE", "1")) if launched else 1
     local_rank = int(os.environ.get("LOCAL_RANK", rank)) if launched else 0
     dev = _resolve_device(device, local_rank, launched)
     if world_size == 1:
@@ -97,6 +99,28 @@ def unwrap(model: nn.Module) -> nn.Module:
             model = model._orig_mod
         else:
             return model
+
+
+def no_sync(model: nn.Module, enabled: bool = True):
+    """Context in which backward skips DDP's gradient all-reduce (the first micro-batches of a
+    gradient-accumulation step); a plain context for a model without DDP or when not `enabled`."""
+    while enabled:
+        if isinstance(model, DistributedDataParallel):
+            return model.no_sync()
+        if not hasattr(model, "_orig_mod"):
+            break
+        model = model._orig_mod  # torch.compile around DDP
+    return contextlib.nullcontext()
+
+
+def any_rank(flags: Sequence[bool], ctx: DistContext) -> tuple[bool, ...]:
+    """For each flag, whether it is true on any rank (e.g. a non-finite loss, a stop request):
+    decisions that change the control flow must be the same on every rank."""
+    if not ctx.distributed:
+        return tuple(bool(f) for f in flags)
+    t = torch.tensor([float(bool(f)) for f in flags], device=ctx.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return tuple(bool(v) for v in t.tolist())
 
 
 @torch.no_grad()

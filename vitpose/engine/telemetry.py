@@ -23,6 +23,7 @@ their own GPU.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import math
@@ -81,12 +82,11 @@ def read_gpu_stats(handle, nvml=None) -> dict[str, Any]:
     """
     nvml = nvml or pynvml
     stats: dict[str, Any] = {}
+    errors = getattr(nvml, "NVMLError", Exception)  # NVMLError_NotSupported and friends
 
     def read(key, fn):
-        try:
+        with contextlib.suppress(errors):  # a quantity this GPU does not report is left out
             stats[key] = fn()
-        except Exception:  # NVMLError_NotSupported and friends: skip this quantity
-            pass
 
     read("gpu_util", lambda: int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu))
     read("power_w", lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0)
@@ -112,7 +112,7 @@ def nvml_handle(device: torch.device):
         return None
     try:
         pynvml.nvmlInit()
-    except Exception:
+    except pynvml.NVMLError:  # no driver library, or no permission
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
     props = torch.cuda.get_device_properties(index)
@@ -124,10 +124,8 @@ def nvml_handle(device: torch.device):
         lookups.append(lambda: pynvml.nvmlDeviceGetHandleByPciBusId(bus))
     lookups.append(lambda: pynvml.nvmlDeviceGetHandleByIndex(index))
     for lookup in lookups:
-        try:
+        with contextlib.suppress(pynvml.NVMLError, AttributeError, TypeError):
             return lookup()
-        except Exception:
-            continue
     return None
 
 
@@ -150,7 +148,7 @@ def loader_advice(data_share: float, num_workers: int | None, cpu_count: int, wo
 def _format_duration(seconds: float) -> str:
     if not math.isfinite(seconds):
         return "?"
-    return str(datetime.timedelta(seconds=int(round(seconds))))
+    return str(datetime.timedelta(seconds=round(seconds)))
 
 
 def _peak_memory_gib(device: torch.device | None) -> float:
@@ -243,9 +241,9 @@ class Telemetry:
         if not is_main:
             return
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        # Line buffered: `tail -f train.log` follows the run as it goes.
-        self._log_file = open(self.work_dir / "train.log", "a", buffering=1)
-        self._jsonl = open(self.work_dir / "metrics.jsonl", "a", buffering=1)
+        # Open for the whole run (closed by close()); line buffered, so `tail -f` follows it.
+        self._log_file = open(self.work_dir / "train.log", "a", buffering=1)  # noqa: SIM115
+        self._jsonl = open(self.work_dir / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
