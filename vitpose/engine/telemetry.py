@@ -265,8 +265,8 @@ class Telemetry:
             seconds of the whole iteration, data wait included; data_time: the part spent waiting
             for the batch. loss and the `extra` scalars (e.g. grad_norm, loss_scale) may be tensors:
             they are averaged over the window and read from the device only when reporting.
-        Returns the reported record on reporting iterations (all ranks: only the thermal part on
-        non-main ranks), otherwise None.
+        Returns the reported record (the metrics.jsonl object) on reporting iterations of the main
+        process, otherwise None. The ETA counts training steps only (validation time is extra).
         """
         done = iteration + 1
         report = done % self.log_every == 0 or done % self.iters_per_epoch == 0 or done == self.total_iters
