@@ -43,7 +43,7 @@ class ViTPose(nn.Module):
         # timm semantics: stem first, then one group per block (or all blocks together when
         # coarse); the final norm after the last block; anything unmatched (the head) goes last.
         return dict(
-            stem=r"^backbone\.(pos_embed|patch_embed)",
+            stem=r"^backbone\.(?:pos_embed|patch_embed)",  # no capture: timm reads captures as numbers
             blocks=r"^backbone\.blocks\.(\d+)" if coarse else [
                 (r"^backbone\.blocks\.(\d+)", None),
                 (r"^backbone\.norm", (99999,)),
