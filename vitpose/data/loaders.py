@@ -40,6 +40,7 @@ memory) and normalises on the device, so host-to-device traffic is a quarter of 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -250,6 +251,28 @@ class _PlannedBatchSampler(Sampler):
         return len(self.plan)
 
 
+@contextlib.contextmanager
+def _cv2_threads_parked():
+    """Fork with OpenCV's thread pool stopped, then restore the parent's thread count.
+
+    A forked child inherits the pool's condition variables but not its threads; if the parent's
+    pool threads were waiting at the fork, the child's `cv2.setNumThreads` blocks forever in
+    pthread_cond_destroy (seen with opencv 4.x: ~1 fork in 4 hung after the main process had
+    decoded a sample). With one thread there are no pool threads to inherit.
+    """
+    try:
+        import cv2
+    except ImportError:
+        yield
+        return
+    threads = cv2.getNumThreads()
+    cv2.setNumThreads(1)
+    try:
+        yield
+    finally:
+        cv2.setNumThreads(threads)
+
+
 def _init_worker(worker_id: int, seed: int, rank: int) -> None:
     # One thread per worker: N workers x M library threads on N cores only thrash.
     torch.set_num_threads(1)
@@ -391,7 +414,11 @@ class Loaders:
         if not keys:
             return
         self._sampler.plan = keys
-        batches = iter(self._loader)  # persistent workers: the same pool, reset to the new plan
+        if self._loader._iterator is None and self.num_workers > 0:
+            with _cv2_threads_parked():  # the first iter() forks the pool
+                batches = iter(self._loader)
+        else:
+            batches = iter(self._loader)  # persistent workers: the same pool, reset to the new plan
         while True:
             if self._phase_id != token:
                 raise RuntimeError("a newer train()/val() phase started while this one was being "
