@@ -161,7 +161,7 @@ def run(args) -> dict:
     model.to(device).eval()
     codec = UDPHeatmap(cfg.model.input_size, cfg.model.heatmap_size, cfg.model.sigma)
 
-    rescoring = ("bbox_score x mean(keypoint scores > %g)" % cfg.eval.keypoint_score_thr
+    rescoring = (f"bbox_score x mean(keypoint scores > {cfg.eval.keypoint_score_thr:g})"
                  if cfg.eval.score_mode == "bbox_keypoint" else "none (bbox score)")
     nms = "none" if cfg.eval.nms_mode == "none" else f"{cfg.eval.nms_mode} at {cfg.eval.nms_thr:g}"
     print(f"model     : {cfg.model.name} ({cfg.model.decoder} decoder) from {args.checkpoint} "

@@ -26,12 +26,12 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from vitpose.codecs.udp import UDPHeatmap  # noqa: E402
-from vitpose.coco_meta import FLIP_INDICES  # noqa: E402
-from vitpose.data.geometry import crop_to_image  # noqa: E402
-from vitpose.engine.evaluate import predict  # noqa: E402
-from vitpose.inference import normalize  # noqa: E402
-from vitpose.models import build_model  # noqa: E402
+from vitpose.coco_meta import FLIP_INDICES
+from vitpose.codecs.udp import UDPHeatmap
+from vitpose.data.geometry import crop_to_image
+from vitpose.engine.evaluate import predict
+from vitpose.inference import normalize
+from vitpose.models import build_model
 
 AMP = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -112,12 +112,12 @@ def main(argv=None):
         # Warm-up (allocator, kernels, cuDNN autotune) on one batch of each path.
         naive_predict(model, batches[:1], codec, device, amp_dtype)
         predict(model, batches[:1], codec, flip_test=True, device=device, amp_dtype=amp_dtype)
-        t_naive = timed(lambda: naive_predict(model, batches, codec, device, amp_dtype), device, args.repeats)
-        t_ours = timed(lambda: predict(model, batches, codec, flip_test=True, device=device, amp_dtype=amp_dtype),
+        t_naive = timed(lambda b=batches: naive_predict(model, b, codec, device, amp_dtype), device, args.repeats)
+        t_ours = timed(lambda b=batches: predict(model, b, codec, flip_test=True, device=device, amp_dtype=amp_dtype),
                        device, args.repeats)
         heatmaps = np.random.default_rng(0).standard_normal((n, 17, 64, 48)).astype(np.float32)
-        t_single = timed(lambda: [codec.decode(h) for h in heatmaps], torch.device("cpu"), args.repeats)
-        t_batch = timed(lambda: codec.batch_decode(heatmaps), torch.device("cpu"), args.repeats)
+        t_single = timed(lambda h=heatmaps: [codec.decode(x) for x in h], torch.device("cpu"), args.repeats)
+        t_batch = timed(lambda h=heatmaps: codec.batch_decode(h), torch.device("cpu"), args.repeats)
         print(f"{batch_size:>5} | {n / t_naive:>13.1f} | {n / t_ours:>12.1f} | {t_naive / t_ours:>5.2f}x | "
               f"{1e3 * t_single / n:>16.3f} | {1e3 * t_batch / n:>15.3f} | {t_single / t_batch:>5.2f}x")
 

@@ -6,13 +6,12 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from test_evaluate import INSTANCE, ReferenceHeatmaps, decode_sensitivity, tiny_model
+from weights_recipe import layout_weights
 
 import vitpose
 from vitpose.coco_meta import FLIP_INDICES, SKELETON
 from vitpose.inference import Predictor
-
-from test_evaluate import INSTANCE, ReferenceHeatmaps, decode_sensitivity, tiny_model
-from weights_recipe import layout_weights
 
 
 @pytest.fixture(scope="module")
@@ -126,10 +125,10 @@ def test_predictor_whole_image_and_no_boxes(instance):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(boxes=[[10, 10, 5, 50]]), "zero or negative width"),
-    (dict(boxes=[[1, 2, 3]]), r"shape \(M, 4\)"),
-    (dict(boxes=[[0, 0, 10, 10]], box_format="cxcywh"), "box_format"),
-    (dict(boxes=[[0, 0, 10, 10]], channels="hsv"), "channels"),
+    ({"boxes": [[10, 10, 5, 50]]}, "zero or negative width"),
+    ({"boxes": [[1, 2, 3]]}, r"shape \(M, 4\)"),
+    ({"boxes": [[0, 0, 10, 10]], "box_format": "cxcywh"}, "box_format"),
+    ({"boxes": [[0, 0, 10, 10]], "channels": "hsv"}, "channels"),
 ])
 def test_predictor_bad_input(instance, kwargs, match):
     image, _ = instance

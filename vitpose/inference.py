@@ -10,19 +10,19 @@ loop (`vitpose.engine.evaluate.predict`) runs too, so the two paths cannot drift
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
 
-from vitpose.codecs.udp import UDPHeatmap
 from vitpose.coco_meta import PIXEL_MEAN, PIXEL_STD
+from vitpose.codecs.udp import UDPHeatmap
 from vitpose.data.geometry import bbox_xyxy2cs, crop_to_image
 from vitpose.data.transforms import topdown_affine
 from vitpose.models.vitpose import flip_test as run_flip_test
 
-__all__ = ["Predictor", "normalize", "forward_heatmaps", "heatmaps_to_keypoints"]
+__all__ = ["Predictor", "forward_heatmaps", "heatmaps_to_keypoints", "normalize"]
 
 
 def normalize(images: torch.Tensor) -> torch.Tensor:

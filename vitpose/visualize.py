@@ -58,7 +58,7 @@ def draw_pose(image: np.ndarray, keypoints, scores=None, thr: float = 0.3, skele
     thickness = thickness or max(1, size // 320)
     for person, person_scores in zip(keypoints, scores):
         visible = (person_scores > thr) & np.all(np.isfinite(person), axis=-1)
-        points = [tuple(int(round(v)) for v in p) if ok else None for p, ok in zip(person, visible)]
+        points = [tuple(round(float(v)) for v in p) if ok else None for p, ok in zip(person, visible)]
         for a, b in skeleton:
             if a < len(points) and b < len(points) and points[a] and points[b]:
                 cv2.line(canvas, points[a], points[b], colour(_side_colour(a, b)), thickness, cv2.LINE_AA)

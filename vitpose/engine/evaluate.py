@@ -12,7 +12,7 @@ copied back asynchronously and only waited for one batch later.
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch

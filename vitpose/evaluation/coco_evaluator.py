@@ -23,8 +23,8 @@ import json
 import logging
 import warnings
 from collections import OrderedDict
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -60,7 +60,7 @@ def _as_array(pred: dict, index: int, key: str, shape: tuple) -> np.ndarray:
         raise PredictionError(f"{where}: missing field {key!r}")
     try:
         value = np.asarray(pred[key])
-    except Exception as e:  # ragged lists and the like
+    except (ValueError, TypeError) as e:  # ragged lists and the like
         raise PredictionError(f"{where}: field {key!r} is not an array of numbers ({e})") from None
     if value.dtype.kind not in "fiu":
         raise PredictionError(f"{where}: field {key!r} must hold numbers, got dtype {value.dtype}")
