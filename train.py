@@ -28,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 REPO = Path(__file__).resolve().parent
 DEFAULT_CONFIG = REPO / "configs" / "vitpose-s_coco_256x192.yaml"
 DEMO_CONFIG = REPO / "configs" / "demo.yaml"
@@ -121,8 +123,17 @@ def main(argv=None) -> int:
               f"\n  stop (saves a checkpoint first): kill -TERM {pid}")
         return EXIT_OK
 
+    with runtime.run_guard(work_dir / "train.log") as stop:
+        return train(cfg, config_path, args.resume, stop)
+
+
+def train(cfg, config_path: Path, resume: str | None, stop) -> int:
+    """One training run with a resolved config; returns the exit status."""
     import torch
 
+    from vitpose.engine import runtime
+
+    work_dir = Path(cfg.train.work_dir)
     dist_info = _setup_distributed(cfg.train.device)
     rank, world_size, device = dist_info.rank, dist_info.world_size, dist_info.device
     is_main = rank == 0
@@ -141,12 +152,10 @@ def main(argv=None) -> int:
         return EXIT_USAGE
 
     work_dir.mkdir(parents=True, exist_ok=True)
-    runtime.protect_output(work_dir / "train.log")
-    stop = runtime.install_signal_handlers()
     if is_main:
         cfg.dump(work_dir / "config.yaml")
         print(f"config {config_path} (resolved copy: {work_dir / 'config.yaml'}):")
-        print(json.dumps(cfg.to_dict(), indent=1))
+        print(yaml.safe_dump(cfg.to_dict(), sort_keys=False, default_flow_style=None), end="")
 
     torch.manual_seed(cfg.train.seed + rank)
     import random
@@ -218,11 +227,10 @@ def main(argv=None) -> int:
                                         optimizer_step, prepare_batch, restore_checkpoint)
 
     state = TrainState()
-    if args.resume:
-        found = find_resume_checkpoint(work_dir) if args.resume == "auto" else (
-            Path(args.resume), load_checkpoint(args.resume))
+    if resume:
+        found = find_resume_checkpoint(work_dir) if resume == "auto" else (Path(resume), load_checkpoint(resume))
         if found is None:
-            print(f"--resume auto: no checkpoint in {work_dir}, starting from scratch")
+            print(f"--resume auto: no valid checkpoint in {work_dir}, starting from scratch")
         else:
             path, checkpoint = found
             state = restore_checkpoint(checkpoint, model, optimizer, precision, restore_rng=world_size == 1)

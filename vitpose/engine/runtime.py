@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shlex
@@ -53,6 +54,28 @@ def install_signal_handlers() -> StopFlag:
     signal.signal(signal.SIGTERM, flag._handler)
     signal.signal(signal.SIGINT, flag._handler)
     return flag
+
+
+@contextlib.contextmanager
+def run_guard(log_path: str | Path):
+    """Signal handlers and vanished-terminal-proof output for the duration of a run.
+
+    Yields the StopFlag; the previous handlers and streams come back afterwards, so a run
+    started in-process (tests, notebooks) leaves the interpreter as it found it.
+    """
+    names = [n for n in ("SIGHUP", "SIGTERM", "SIGINT") if hasattr(signal, n)]
+    old_handlers = {n: signal.getsignal(getattr(signal, n)) for n in names}
+    old_streams = sys.stdout, sys.stderr
+    protect_output(log_path)
+    try:
+        yield install_signal_handlers()
+    finally:
+        for n, handler in old_handlers.items():
+            signal.signal(getattr(signal, n), handler)
+        for stream in (sys.stdout, sys.stderr):
+            if isinstance(stream, SafeStream) and stream._fallback is not None:
+                stream._fallback.close()
+        sys.stdout, sys.stderr = old_streams
 
 
 def _say(text: str) -> None:

@@ -21,7 +21,12 @@ BASE_LR_KEY = "initial_lr"
 
 
 def warmup_factor(iteration: int, warmup_iters: int = 500, warmup_ratio: float = 0.001) -> float:
-    """Linear warmup: `r + (1 - r) * t / T` for 0-based iteration t < T, then 1."""
+    """Linear warmup: `r + (1 - r) * t / T` for 0-based iteration t < T, then 1.
+
+    This is the official ViTPose (mmcv `warmup='linear'`) ramp and torch's LinearLR. MMPose 1.x's
+    mmengine LinearLR(begin=0, end=500) ramps over end - begin - 1 = 499 steps instead (factor
+    `r + (1 - r) * t / 499`, 1 from t = 499): at most 0.2% apart, during warmup only.
+    """
     if iteration >= warmup_iters:
         return 1.0
     return warmup_ratio + (1.0 - warmup_ratio) * iteration / warmup_iters

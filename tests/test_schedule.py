@@ -1,0 +1,83 @@
+"""The LR schedule: linear warmup by iteration x step decay by epoch, per layer-decayed group."""
+
+import pytest
+import torch
+
+from vitpose.engine.schedule import BASE_LR_KEY, LRSchedule, lr_factor, step_factor, warmup_factor
+
+ITERS_PER_EPOCH = 293  # ceil(149813 / 512): COCO train at batch 512
+
+
+def optimizer_with_layer_decay(base=5e-4, rate=0.8, layers=4):
+    params = [torch.nn.Parameter(torch.zeros(2)) for _ in range(layers)]
+    groups = [{"params": [p], "lr": base * rate ** (layers - 1 - i)} for i, p in enumerate(params)]
+    return torch.optim.AdamW(groups, lr=base)
+
+
+def first_iteration_of(epoch_1based):
+    return (epoch_1based - 1) * ITERS_PER_EPOCH
+
+
+def expected_factor(iteration, epoch_1based):
+    # SPEC §6 written out: warmup 0.001 -> 1 over 500 iterations; epochs 1-170 x1, 171-200 x0.1,
+    # 201-210 x0.01.
+    warm = 0.001 + 0.999 * iteration / 500 if iteration < 500 else 1.0
+    decay = 1.0 if epoch_1based <= 170 else 0.1 if epoch_1based <= 200 else 0.01
+    return warm * decay
+
+
+@pytest.mark.parametrize("iteration", [0, 1, 250, 499, 500])
+def test_warmup_iterations(iteration):
+    assert warmup_factor(iteration) == pytest.approx(expected_factor(iteration, 1), rel=1e-12)
+
+
+@pytest.mark.parametrize("epoch_1based", [1, 170, 171, 200, 201, 210])
+def test_step_decay_epochs(epoch_1based):
+    # Convention: functions take the 0-BASED epoch index (MMPose's MultiStepLR stepped at epoch end).
+    it = first_iteration_of(epoch_1based)
+    assert lr_factor(it, epoch_1based - 1) == pytest.approx(expected_factor(it, epoch_1based), rel=1e-12)
+    assert step_factor(epoch_1based - 1) == pytest.approx(expected_factor(10**6, epoch_1based), rel=1e-12)
+
+
+def test_every_group_keeps_its_layer_scale():
+    opt = optimizer_with_layer_decay()
+    base = [g["lr"] for g in opt.param_groups]
+    sched = LRSchedule(opt)
+    points = [(0, 1), (1, 1), (250, 1), (499, 1), (500, 1)]
+    points += [(first_iteration_of(e), e) for e in (170, 171, 200, 201)]
+    for it, e in points:
+        sched.step(it, e - 1)
+        for g, b in zip(opt.param_groups, base):
+            assert g[BASE_LR_KEY] == b
+            assert g["lr"] == pytest.approx(b * expected_factor(it, e), rel=1e-12)
+
+
+def test_matches_torch_linear_and_multistep_chained():
+    """Independent reference: torch's LinearLR stepped per iteration and MultiStepLR per epoch on
+    one optimizer (they chain multiplicatively, as MMPose's two schedulers do)."""
+    ipe, epochs = 37, 12
+    ref_opt = optimizer_with_layer_decay(base=1e-3, rate=0.75, layers=3)
+    warm = torch.optim.lr_scheduler.LinearLR(ref_opt, start_factor=0.01, end_factor=1.0, total_iters=50)
+    decay = torch.optim.lr_scheduler.MultiStepLR(ref_opt, milestones=[8, 10], gamma=0.5)
+    opt = optimizer_with_layer_decay(base=1e-3, rate=0.75, layers=3)
+    ours = LRSchedule(opt, warmup_iters=50, warmup_ratio=0.01, milestones=(8, 10), gamma=0.5)
+    it = 0
+    for epoch in range(epochs):
+        for _ in range(ipe):
+            ours.step(it, epoch)
+            for g_ref, g in zip(ref_opt.param_groups, opt.param_groups):
+                assert g["lr"] == pytest.approx(g_ref["lr"], rel=1e-9), (it, epoch)
+            ref_opt.step()
+            warm.step()
+            it += 1
+        decay.step()
+
+
+def test_resumed_optimizer_keeps_config_base_lr():
+    # The schedule has no state: a fresh schedule at (iteration, epoch) gives the same LR.
+    opt_a, opt_b = optimizer_with_layer_decay(), optimizer_with_layer_decay()
+    a, b = LRSchedule(opt_a), LRSchedule(opt_b)
+    for it in range(600):
+        a.step(it, 0)
+    b.step(599, 0)
+    assert [g["lr"] for g in opt_a.param_groups] == [g["lr"] for g in opt_b.param_groups]
