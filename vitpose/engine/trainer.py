@@ -62,11 +62,11 @@ def prepare_batch(batch: dict, device: torch.device, input_size, heatmap_size, s
 
 
 def forward_backward(model, images, heatmaps, weights, precision: Precision, loss_divisor: int = 1,
-                     loss_fn=keypoint_mse_loss) -> torch.Tensor:
+                     loss_fn=None) -> torch.Tensor:
     """Forward under autocast, loss in fp32, backward (scaled for fp16). Returns the detached loss."""
     with precision.autocast():
         pred = model(images)
-    loss = loss_fn(pred.float(), heatmaps, weights)
+    loss = (loss_fn or keypoint_mse_loss)(pred.float(), heatmaps, weights)
     scaled = loss / loss_divisor
     if precision.scaler is not None:
         scaled = precision.scaler.scale(scaled)
