@@ -234,3 +234,23 @@ def test_write_results_and_prediction_files_round_trip(metric, evaluator, ann_fi
 def test_pycocotools_prints_nothing(metric, evaluator, capsys):
     evaluator.evaluate(to_predictions(scenario_named(metric, "exact")))
     assert capsys.readouterr().out == ""
+
+
+def test_dense_and_row_by_row_nms_agree(monkeypatch):
+    """Crowded images switch from the whole OKS matrix to one row per kept instance: same result."""
+    from vitpose.evaluation import nms
+
+    rng = np.random.default_rng(3)
+    base = rng.uniform(0, 300, (6, 17, 2))
+    kpts = np.concatenate([base + rng.normal(0, 2, base.shape) for _ in range(8)])  # 48 near-copies
+    areas = rng.uniform(5e3, 2e4, len(kpts))
+    scores = rng.uniform(0, 1, len(kpts))
+    dense_oks = pairwise_oks(kpts, areas)
+    dense = oks_nms(kpts, scores, areas, 0.9), soft_oks_nms(kpts, scores, areas, 0.9)
+    monkeypatch.setattr(nms, "DENSE_MAX", 0)
+    rows = oks_nms(kpts, scores, areas, 0.9), soft_oks_nms(kpts, scores, areas, 0.9)
+    assert [d.tolist() for d in dense] == [r.tolist() for r in rows]
+    assert 6 <= len(dense[0]) < len(kpts)
+    variances = (2 * np.asarray(SIGMAS, np.float32)) ** 2
+    row = nms.oks_one_to_many(kpts, areas, 5, np.arange(len(kpts)), variances)
+    np.testing.assert_array_equal(row, dense_oks[5])  # bit for bit

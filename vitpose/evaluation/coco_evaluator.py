@@ -22,8 +22,8 @@ import io
 import json
 import logging
 import warnings
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -54,60 +54,93 @@ def _quiet(what: str):
         log.debug("%s:\n%s", what, text)
 
 
+def _where(pred, index: int) -> str:
+    return f"prediction #{index} (id {pred.get('id')!r}, image_id {pred.get('image_id')!r})"
+
+
 def _as_array(pred: dict, index: int, key: str, shape: tuple) -> np.ndarray:
-    where = f"prediction #{index} (id {pred.get('id')!r}, image_id {pred.get('image_id')!r})"
     if key not in pred:
-        raise PredictionError(f"{where}: missing field {key!r}")
+        raise PredictionError(f"{_where(pred, index)}: missing field {key!r}")
     try:
         value = np.asarray(pred[key])
     except (ValueError, TypeError) as e:  # ragged lists and the like
-        raise PredictionError(f"{where}: field {key!r} is not an array of numbers ({e})") from None
+        raise PredictionError(f"{_where(pred, index)}: field {key!r} is not an array of numbers ({e})") from None
     if value.dtype.kind not in "fiu":
-        raise PredictionError(f"{where}: field {key!r} must hold numbers, got dtype {value.dtype}")
+        raise PredictionError(f"{_where(pred, index)}: field {key!r} must hold numbers, got dtype {value.dtype}")
     if value.shape != shape:
-        raise PredictionError(f"{where}: field {key!r} has shape {value.shape}, expected {shape}")
-    if key != "keypoints" and not np.all(np.isfinite(value)):
-        # Keypoint coordinates may be NaN (an all-zero heatmap decodes to NaN with score 0, as in
-        # MMPose); scores, areas and boxes may not.
-        raise PredictionError(f"{where}: field {key!r} is not finite: {value.tolist()}")
+        raise PredictionError(f"{_where(pred, index)}: field {key!r} has shape {value.shape}, expected {shape}")
     return value
 
 
 def _as_int(pred: dict, index: int, key: str) -> int:
     value = pred.get(key)
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "iu":
-            return int(value)
-        raise PredictionError(f"prediction #{index}: field {key!r} must be an integer, got {value!r}")
-    return int(value)
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return int(value)
+    if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "iu":
+        return int(value)
+    raise PredictionError(f"prediction #{index}: field {key!r} must be an integer, got {value!r}")
 
 
-def check_predictions(predictions: Sequence[dict], num_keypoints: int) -> list[dict]:
-    """Validate and normalise predictions to numpy fields; raise PredictionError on the first bad one."""
-    checked = []
+@dataclass
+class PredictionArrays:
+    """Predictions as columns (N = number of predictions)."""
+
+    ids: np.ndarray  # (N,) int64
+    image_ids: np.ndarray  # (N,) int64
+    keypoints: np.ndarray  # (N, K, 2) float64, may hold NaN (an all-zero heatmap decodes to NaN)
+    keypoint_scores: np.ndarray  # (N, K): float32 stays float32, so 0.2 is compared as MMPose does
+    bbox_scores: np.ndarray  # (N,) float64
+    areas: np.ndarray  # (N,) float64
+    bboxes: np.ndarray | None  # (N, 4) float64 (x, y, w, h), or None when no prediction has one
+
+
+def check_predictions(predictions: Sequence[dict], num_keypoints: int) -> PredictionArrays:
+    """Validate predictions and stack them into columns; raise PredictionError on the first bad one."""
+    n = len(predictions)
+    ids = np.empty(n, np.int64)
+    image_ids = np.empty(n, np.int64)
+    bbox_scores = np.empty(n, np.float64)
+    areas = np.empty(n, np.float64)
+    keypoints, scores, bboxes = [], [], []
     with_bbox = None
     for i, pred in enumerate(predictions):
         if not isinstance(pred, dict):
             raise PredictionError(f"prediction #{i}: expected a dict, got {type(pred).__name__}")
-        item = {"id": _as_int(pred, i, "id"), "image_id": _as_int(pred, i, "image_id")}
-        item["keypoints"] = _as_array(pred, i, "keypoints", (num_keypoints, 2))
-        scores = _as_array(pred, i, "keypoint_scores", (num_keypoints,))
-        # Keep float32 scores float32: the 0.2 threshold is then compared in float32, as in MMPose.
-        item["keypoint_scores"] = scores if scores.dtype.kind == "f" else scores.astype(np.float64)
-        item["bbox_score"] = float(_as_array(pred, i, "bbox_score", ()))
-        item["area"] = float(_as_array(pred, i, "area", ()))
+        ids[i] = _as_int(pred, i, "id")
+        image_ids[i] = _as_int(pred, i, "image_id")
+        keypoints.append(_as_array(pred, i, "keypoints", (num_keypoints, 2)))
+        scores.append(_as_array(pred, i, "keypoint_scores", (num_keypoints,)))
+        bbox_scores[i] = _as_array(pred, i, "bbox_score", ())
+        areas[i] = _as_array(pred, i, "area", ())
         has_bbox = pred.get("bbox") is not None
         if with_bbox is None:
             with_bbox = has_bbox
         elif has_bbox != with_bbox:
             # COCOeval reads detection areas from boxes for all results or for none.
             raise PredictionError(
-                f"prediction #{i} (id {item['id']}): 'bbox' is {'given' if has_bbox else 'missing'} "
-                f"but it is {'missing' if has_bbox else 'given'} on the first prediction; give it on all or none")
+                f"{_where(pred, i)}: 'bbox' is {'given' if has_bbox else 'missing'} but it is "
+                f"{'missing' if has_bbox else 'given'} on the first prediction; give it on all or none")
         if has_bbox:
-            item["bbox"] = _as_array(pred, i, "bbox", (4,)).astype(np.float64)
-        checked.append(item)
-    return checked
+            bboxes.append(_as_array(pred, i, "bbox", (4,)))
+    columns = PredictionArrays(
+        ids, image_ids,
+        np.stack(keypoints).astype(np.float64) if n else np.zeros((0, num_keypoints, 2)),
+        np.stack(scores) if n else np.zeros((0, num_keypoints)),
+        bbox_scores, areas,
+        np.stack(bboxes).astype(np.float64) if with_bbox else None)
+    if columns.keypoint_scores.dtype.kind != "f":
+        columns.keypoint_scores = columns.keypoint_scores.astype(np.float64)
+    # Scores, areas and boxes must be finite (keypoint coordinates may be NaN, as in MMPose).
+    for key, values in (("keypoint_scores", columns.keypoint_scores), ("bbox_score", bbox_scores),
+                        ("area", areas), ("bbox", columns.bboxes)):
+        if values is None or n == 0:
+            continue
+        bad = ~np.isfinite(values.reshape(n, -1)).all(axis=1)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise PredictionError(f"{_where(predictions[i], i)}: field {key!r} is not finite: "
+                                  f"{np.asarray(predictions[i][key]).tolist()}")
+    return columns
 
 
 class CocoEvaluator:
@@ -137,22 +170,40 @@ class CocoEvaluator:
 
     # -- protocol ---------------------------------------------------------------------------------
 
-    def rescore(self, keypoint_scores: np.ndarray, bbox_score: float) -> float:
-        if self.score_mode == "bbox":
-            return bbox_score
-        confident = keypoint_scores[keypoint_scores > self.keypoint_score_thr]
-        return bbox_score * float(confident.mean()) if len(confident) else 0.0
+    def rescore(self, keypoint_scores: np.ndarray, bbox_scores) -> np.ndarray:
+        """bbox_score x mean of the keypoint scores above the threshold (0 when none are).
 
-    def _suppress(self, instances: list[dict]) -> list[dict]:
-        if self.nms_mode == "none":
-            return instances
-        keypoints = np.stack([p["keypoints"] for p in instances]).astype(np.float64)
-        scores = np.array([p["score"] for p in instances])
-        areas = np.array([p["area"] for p in instances])
-        # MMPose keeps the dataset sigmas as float32 for NMS; nms.py applies that rounding.
-        nms = oks_nms if self.nms_mode == "oks_nms" else soft_oks_nms
-        keep = nms(keypoints, scores, areas, self.nms_thr, sigmas=self.sigmas)
-        return [instances[k] for k in keep]
+        keypoint_scores (..., K), bbox_scores (...) -> (...) float64.
+        """
+        bbox_scores = np.asarray(bbox_scores, dtype=np.float64)
+        if self.score_mode == "bbox":
+            return bbox_scores
+        confident = keypoint_scores > self.keypoint_score_thr  # in the scores' own dtype
+        count = confident.sum(axis=-1)
+        total = np.where(confident, keypoint_scores, 0).sum(axis=-1, dtype=np.float64)
+        mean = np.divide(total, count, out=np.zeros_like(total), where=count > 0)
+        return bbox_scores * mean
+
+    def keep(self, columns: PredictionArrays) -> list[np.ndarray]:
+        """Per image (first-appearance order): the indices that survive de-duplication and NMS."""
+        scores = self.rescore(columns.keypoint_scores, columns.bbox_scores)
+        groups: dict[int, list[int]] = {}
+        for i, image_id in enumerate(columns.image_ids.tolist()):
+            groups.setdefault(image_id, []).append(i)
+        nms = {"oks_nms": oks_nms, "soft_oks_nms": soft_oks_nms}.get(self.nms_mode)
+        kept = []
+        for members in groups.values():
+            members = np.asarray(members)
+            # Duplicate ids: sort by id (stable) and keep the first of each run, as MMPose does.
+            members = members[np.argsort(columns.ids[members], kind="stable")]
+            ids = columns.ids[members]
+            members = members[np.r_[True, ids[1:] != ids[:-1]]]
+            if nms is not None:
+                # MMPose keeps the dataset sigmas as float32 for NMS; nms.py applies that rounding.
+                members = members[nms(columns.keypoints[members], scores[members], columns.areas[members],
+                                      self.nms_thr, sigmas=self.sigmas)]
+            kept.append(members)
+        return kept
 
     def results(self, predictions: Sequence[dict]) -> list[dict]:
         """The COCO results list (after de-duplication, rescoring and NMS) that COCOeval scores.
@@ -161,26 +212,23 @@ class CocoEvaluator:
         and `bbox` when the predictions carry it. Images keep their first-appearance order and
         instances their NMS order, which decides COCOeval's order between equal scores.
         """
-        checked = check_predictions(predictions, self.num_keypoints)
-        unknown = sorted({p["image_id"] for p in checked} - self.image_ids)
+        columns = check_predictions(predictions, self.num_keypoints)
+        if len(columns.ids) == 0:
+            return []
+        unknown = sorted(set(columns.image_ids.tolist()) - self.image_ids)
         if unknown:
             raise PredictionError(
                 f"{len(unknown)} prediction image_id(s) are not in {self.ann_file}: {unknown[:10]}")
-        by_image: dict[int, list[dict]] = OrderedDict()
-        for pred in checked:
-            by_image.setdefault(pred["image_id"], []).append(pred)
-
+        scores = self.rescore(columns.keypoint_scores, columns.bbox_scores)
+        flat = np.concatenate([columns.keypoints, columns.keypoint_scores[..., None].astype(np.float64)], axis=-1)
+        flat = flat.reshape(len(flat), -1)
         results = []
-        for image_id, instances in by_image.items():
-            instances = _unique_by_id(instances)
-            for p in instances:
-                p["score"] = self.rescore(p["keypoint_scores"], p["bbox_score"])
-            for p in self._suppress(instances):
-                flat = np.concatenate([p["keypoints"], p["keypoint_scores"][:, None]], axis=1)
-                entry = {"image_id": image_id, "category_id": PERSON_CATEGORY_ID,
-                         "keypoints": flat.reshape(-1).tolist(), "score": float(p["score"])}
-                if "bbox" in p:
-                    entry["bbox"] = p["bbox"].tolist()
+        for members in self.keep(columns):
+            for i in members.tolist():
+                entry = {"image_id": int(columns.image_ids[i]), "category_id": PERSON_CATEGORY_ID,
+                         "keypoints": flat[i].tolist(), "score": float(scores[i])}
+                if columns.bboxes is not None:
+                    entry["bbox"] = columns.bboxes[i].tolist()
                 results.append(entry)
         return results
 
@@ -219,12 +267,6 @@ class CocoEvaluator:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(self.results(predictions)))
         return path
-
-
-def _unique_by_id(instances: list[dict]) -> list[dict]:
-    """Sort by id (stable) and keep the first of each run of equal ids, as MMPose does."""
-    instances = sorted(instances, key=lambda p: p["id"])
-    return [p for i, p in enumerate(instances) if i == 0 or p["id"] != instances[i - 1]["id"]]
 
 
 # -- raw prediction files (what evaluate.py --out writes) --------------------------------------------

@@ -14,26 +14,65 @@ import numpy as np
 from vitpose.coco_meta import SIGMAS
 
 
-def pairwise_oks(keypoints: np.ndarray, areas: np.ndarray, sigmas=None) -> np.ndarray:
-    """OKS between every pair of instances of one image, all keypoints counted.
+def _variances(sigmas, num_keypoints: int) -> np.ndarray:
+    # MMPose keeps dataset sigmas as float32; (2 sigma)^2 is then float32 as well.
+    sigmas = np.asarray(SIGMAS if sigmas is None else sigmas, dtype=np.float32)
+    if len(sigmas) != num_keypoints:
+        raise ValueError(f"{len(sigmas)} sigmas for {num_keypoints} keypoints")
+    return (sigmas * 2) ** 2
 
-    keypoints (N, K, 2) image px, areas (N,) px^2 -> (N, N) float32, symmetric.
+
+def oks_one_to_many(keypoints: np.ndarray, areas: np.ndarray, i: int, others: np.ndarray,
+                    variances: np.ndarray) -> np.ndarray:
+    """OKS of instance i against instances `others`, all keypoints counted -> (len(others),) float32.
+
     e_k = d_k^2 / (2 sigma_k)^2 / ((a_i + a_j) / 2 + eps) / 2 and OKS = mean_k exp(-e_k).
+    """
+    d2 = ((keypoints[others] - keypoints[i]) ** 2).sum(-1)  # (M, K), K contiguous
+    mean_area = (areas[i] + areas[others]) / 2 + np.spacing(1)
+    e = d2 / variances / mean_area[:, None] / 2
+    # A reduction over the contiguous last axis sums in the same order as MMPose's 1-D sums.
+    return (np.sum(np.exp(-e), axis=-1) / keypoints.shape[1]).astype(np.float32)
+
+
+def pairwise_oks(keypoints, areas, sigmas=None) -> np.ndarray:
+    """OKS between every pair of instances: keypoints (N, K, 2) px, areas (N,) px^2 -> (N, N) float32.
+
+    Row i equals `oks_one_to_many(..., i, all)` bit for bit (same operations in the same order).
     """
     keypoints = np.asarray(keypoints, dtype=np.float64)
     areas = np.asarray(areas, dtype=np.float64)
-    # MMPose keeps dataset sigmas as float32; (2 sigma)^2 is then float32 as well.
-    sigmas = np.asarray(SIGMAS if sigmas is None else sigmas, dtype=np.float32)
-    variances = (sigmas * 2) ** 2
-    num_keypoints = keypoints.shape[1]
-    if len(sigmas) != num_keypoints:
-        raise ValueError(f"{len(sigmas)} sigmas for {num_keypoints} keypoints")
-    dx = keypoints[None, :, :, 0] - keypoints[:, None, :, 0]  # (N, N, K), K contiguous
-    dy = keypoints[None, :, :, 1] - keypoints[:, None, :, 1]
+    return _pairwise(keypoints, areas, _variances(sigmas, keypoints.shape[1]))
+
+
+def _pairwise(keypoints, areas, variances):
+    d2 = ((keypoints[None, :] - keypoints[:, None]) ** 2).sum(-1)  # [i, j] = |kpt_j - kpt_i|^2, (N, N, K)
     mean_area = (areas[:, None] + areas[None, :]) / 2 + np.spacing(1)
-    e = (dx**2 + dy**2) / variances / mean_area[:, :, None] / 2
-    # A reduction over the contiguous last axis sums in the same order as MMPose's 1-D sums.
-    return (np.sum(np.exp(-e), axis=-1) / num_keypoints).astype(np.float32)
+    e = d2 / variances / mean_area[:, :, None] / 2
+    return (np.sum(np.exp(-e), axis=-1) / keypoints.shape[1]).astype(np.float32)
+
+
+# Up to this many instances in one image the whole OKS matrix is computed at once (fast);
+# beyond it, one row per kept instance (memory O(N K) instead of O(N^2 K)).
+DENSE_MAX = 256
+
+
+def _oks_rows(keypoints, areas, variances):
+    """A function (i, others) -> OKS of i against others, dense or row by row."""
+    if len(keypoints) <= DENSE_MAX:
+        matrix = _pairwise(keypoints, areas, variances)
+        return lambda i, others: matrix[i, others]
+    return lambda i, others: oks_one_to_many(keypoints, areas, i, others, variances)
+
+
+def _prepare(keypoints, scores, areas, sigmas):
+    keypoints = np.asarray(keypoints, dtype=np.float64)
+    scores = np.asarray(scores, dtype=np.float64)
+    areas = np.asarray(areas, dtype=np.float64)
+    if not len(keypoints) == len(scores) == len(areas):
+        raise ValueError(f"{len(keypoints)} keypoint sets, {len(scores)} scores and {len(areas)} areas")
+    variances = _variances(sigmas, keypoints.shape[1]) if len(keypoints) else None
+    return keypoints, scores, areas, variances
 
 
 def _descending(scores: np.ndarray) -> np.ndarray:
@@ -46,17 +85,17 @@ def oks_nms(keypoints, scores, areas, thr: float = 0.9, sigmas=None) -> np.ndarr
 
     keypoints (N, K, 2), scores (N,), areas (N,) -> indices of the kept instances, best first.
     """
-    scores = np.asarray(scores, dtype=np.float64)
+    keypoints, scores, areas, variances = _prepare(keypoints, scores, areas, sigmas)
     if len(scores) == 0:
         return np.zeros(0, dtype=np.int64)
-    oks = pairwise_oks(keypoints, areas, sigmas)
+    oks_rows = _oks_rows(keypoints, areas, variances)
     order = _descending(scores)
     keep = []
     while len(order) > 0:
         best = order[0]
         keep.append(best)
         rest = order[1:]
-        order = rest[oks[best, rest] <= float(thr)]  # compared in float32, as MMPose does
+        order = rest[oks_rows(best, rest) <= float(thr)]  # compared in float32, as MMPose does
     return np.asarray(keep, dtype=np.int64)
 
 
@@ -66,10 +105,10 @@ def soft_oks_nms(keypoints, scores, areas, thr: float = 0.9, max_dets: int = 20,
     Returns the indices of at most `max_dets` instances in the order they were picked. As in
     MMPose the decayed scores only decide that order; the instances keep their own scores.
     """
-    scores = np.asarray(scores, dtype=np.float64)
+    keypoints, scores, areas, variances = _prepare(keypoints, scores, areas, sigmas)
     if len(scores) == 0:
         return np.zeros(0, dtype=np.int64)
-    oks = pairwise_oks(keypoints, areas, sigmas)
+    oks_rows = _oks_rows(keypoints, areas, variances)
     order = _descending(scores)
     remaining = scores[order]
     keep = []
@@ -77,7 +116,7 @@ def soft_oks_nms(keypoints, scores, areas, thr: float = 0.9, max_dets: int = 20,
         best = order[0]
         keep.append(best)
         order = order[1:]
-        decay = np.exp(-oks[best, order] ** 2 / float(thr))  # float32, as in MMPose
+        decay = np.exp(-(oks_rows(best, order) ** 2) / float(thr))  # float32, as in MMPose
         remaining = remaining[1:] * decay
         resort = _descending(remaining)
         order, remaining = order[resort], remaining[resort]
