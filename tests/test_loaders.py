@@ -226,3 +226,51 @@ def test_bad_settings_fail_clearly():
         build_loaders(ToyPoses(4), None, cfg(), rank=2, world_size=2)
     with pytest.raises(ValueError, match="num_workers"):
         build_loaders(ToyPoses(4), None, cfg(num_workers=-1))
+
+
+FORK_AFTER_CV2 = r"""
+import sys
+import cv2, numpy as np, torch
+from vitpose.data import loaders
+from vitpose.engine.config import LoaderConfig
+
+if sys.argv[1] == "unguarded":
+    import contextlib
+    loaders._cv2_threads_parked = contextlib.nullcontext
+
+big = np.random.default_rng(0).integers(0, 256, (800, 800, 3), dtype=np.uint8)
+
+class Blurred:
+    def __len__(self):
+        return 8
+    def __getitem__(self, key):
+        crop = cv2.GaussianBlur(big, (11, 11), 3)[:8, :6]
+        return {"image": torch.from_numpy(crop.transpose(2, 0, 1).copy())}
+
+for trial in range(4):
+    cv2.GaussianBlur(big, (11, 11), 3)  # the parent's OpenCV pool threads now exist
+    cfg = LoaderConfig(batch_size=4, num_workers=2, pin_memory=False)
+    with loaders.build_loaders(Blurred(), None, cfg, available_ram=2**40) as ld:
+        assert sum(len(b["image"]) for b in ld.train(trial)) == 8
+print("ok")
+"""
+
+
+def test_workers_start_after_the_main_process_used_opencv_threads():
+    # Regression: a forked worker calling cv2.setNumThreads hung (about 1 fork in 4) when the
+    # main process had run OpenCV's thread pool; run in a subprocess so a hang is a timeout.
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    cv2 = pytest.importorskip("cv2")
+    if cv2.getNumThreads() < 2:
+        pytest.skip("OpenCV runs single-threaded here: nothing to inherit")
+    repo = Path(__file__).resolve().parents[1]
+    try:
+        proc = subprocess.run([sys.executable, "-c", FORK_AFTER_CV2, "guarded"], cwd=repo, timeout=180,
+                              capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(repo)})
+    except subprocess.TimeoutExpired:
+        pytest.fail("a DataLoader worker hung at start-up after the main process used OpenCV threads")
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
