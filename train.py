@@ -123,6 +123,13 @@ def main(argv=None) -> int:
               f"\n  stop (saves a checkpoint first): kill -TERM {pid}")
         return EXIT_OK
 
+    # Missing COCO is the most common first failure: say so before importing torch.
+    missing = missing_data_files(cfg) if cfg.data.synthetic_train_images == 0 else {}
+    if missing and int(os.environ.get("RANK", "0")) == 0:
+        print(missing_data_message(cfg, missing, config_path), file=sys.stderr)
+    if missing:
+        return EXIT_USAGE
+
     with runtime.run_guard(work_dir / "train.log") as stop:
         return train(cfg, config_path, args.resume, stop)
 
