@@ -1,0 +1,181 @@
+"""Non-finite losses, precision choice, checkpoint plumbing, output that survives the terminal, --detach."""
+
+import errno
+import io
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+import train  # noqa: E402
+
+from vitpose.engine import runtime, trainer  # noqa: E402
+from vitpose.engine.checkpoint import (clean_state_dict, load_checkpoint, model_state_dict,  # noqa: E402
+                                       rng_state, save_checkpoint, set_rng_state)
+from vitpose.engine.precision import resolve_precision  # noqa: E402
+
+TINY = [
+    "model.input_size=[48, 64]", "model.heatmap_size=[12, 16]", "model.sigma=1.0",
+    "model.extra={embed_dim: 32, depth: 2, num_heads: 2, deconv_channels: [16, 16]}",
+    "data.synthetic_train_images=5", "data.synthetic_val_images=2", "loader.batch_size=3",
+    "train.val_every=1000", "train.log_every=1", "train.checkpoint_minutes=0", "train.tensorboard=false",
+]
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("synthetic")
+
+
+def tiny_args(data_root, work_dir, *extra):
+    args = ["--demo", "--data-root", str(data_root), "--work-dir", str(work_dir), "--workers", "0"]
+    for s in TINY:
+        args += ["--set", s]
+    return args + list(extra)
+
+
+class NaNAt:
+    """The real loss, except NaN on the listed 0-based calls."""
+
+    def __init__(self, calls):
+        self.calls, self.n = set(calls), 0
+
+    def __call__(self, pred, target, weights):
+        loss = trainer.KeypointMSELoss()(pred, target, weights)
+        self.n += 1
+        return loss * float("nan") if self.n - 1 in self.calls else loss
+
+
+def test_nonfinite_losses_in_a_row_save_and_stop(data_root, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(trainer, "keypoint_mse_loss", NaNAt(range(10**6)))
+    code = train.main(tiny_args(data_root, tmp_path, "--epochs", "5", "--set", "train.max_nonfinite=3"))
+    assert code == train.EXIT_NONFINITE == 3
+    out = capsys.readouterr().out
+    assert "non-finite loss at iteration 0" in out and "stopping: 3 non-finite losses in a row" in out
+    state = load_checkpoint(tmp_path / "last.pth")
+    assert state["iteration"] == 3
+    assert state["optimizer"]["state"] == {}  # no step was taken: the weights are the initial ones
+    assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
+
+
+def test_a_single_nonfinite_loss_is_skipped(data_root, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(trainer, "keypoint_mse_loss", NaNAt({1}))
+    assert train.main(tiny_args(data_root, tmp_path, "--epochs", "1")) == 0
+    assert "non-finite loss at iteration 1" in capsys.readouterr().out
+    state = load_checkpoint(tmp_path / "last.pth")
+    assert state["iteration"] == 3
+    step = {int(s["step"]) for s in state["optimizer"]["state"].values()}
+    assert step == {2}  # AdamW stepped on iterations 0 and 2 only
+    assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
+
+
+def test_precision_choices():
+    cpu = torch.device("cpu")
+    assert resolve_precision(cpu, amp=False).name == "fp32"
+    p = resolve_precision(cpu, amp=True)  # CPU: bf16 autocast, never a scaler
+    assert p.dtype is torch.bfloat16 and p.scaler is None and "bfloat16" in p.note
+    assert resolve_precision(cpu, amp=True, amp_dtype="bfloat16").note == ""
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        resolve_precision(cpu, amp=True, amp_dtype="int8")
+
+
+def test_state_dicts_never_carry_wrapper_prefixes():
+    class Compiled(torch.nn.Module):  # torch.compile's OptimizedModule keeps the model as `_orig_mod`
+        def __init__(self, model):
+            super().__init__()
+            self._orig_mod = model
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    compiled = Compiled(model)
+    assert any(k.startswith("_orig_mod.") for k in compiled.state_dict())
+    assert list(model_state_dict(compiled)) == ["0.weight", "0.bias"]
+    assert list(clean_state_dict({"module._orig_mod.0.weight": 1})) == ["0.weight"]
+
+
+def test_rng_state_round_trips_through_weights_only(tmp_path):
+    import random
+
+    import numpy as np
+
+    torch.manual_seed(1), np.random.seed(2), random.seed(3)
+    np.random.randn()  # leaves a cached Gaussian in numpy's legacy state
+    path = save_checkpoint({"rng": rng_state()}, tmp_path / "r.pth")
+    expected = (torch.rand(3), np.random.rand(3), random.random())
+    set_rng_state(torch.load(path, weights_only=True)["rng"])
+    again = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(expected[0], again[0]) and (expected[1] == again[1]).all() and expected[2] == again[2]
+
+
+def test_failed_save_keeps_the_previous_checkpoint(tmp_path):
+    path = tmp_path / "last.pth"
+    save_checkpoint({"v": torch.ones(2)}, path)
+
+    class Unpicklable:
+        def __reduce__(self):
+            raise RuntimeError("disk full (simulated)")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        save_checkpoint({"v": Unpicklable()}, path)
+    assert torch.equal(torch.load(path, weights_only=True)["v"], torch.ones(2))
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pth"]  # no temporary file left
+
+
+class DeadTerminal(io.StringIO):
+    def __init__(self, err):
+        super().__init__()
+        self.err = err
+
+    def write(self, text):
+        raise OSError(self.err, os.strerror(self.err))
+
+    def flush(self):
+        raise OSError(self.err, os.strerror(self.err))
+
+
+@pytest.mark.parametrize("err", [errno.EIO, errno.EPIPE])
+def test_safe_stream_falls_back_to_the_log(tmp_path, err):
+    log = tmp_path / "train.log"
+    stream = runtime.SafeStream(DeadTerminal(err), log)
+    stream.write("epoch 1 done\n")
+    stream.flush()
+    print("still going", file=stream)
+    text = log.read_text()
+    assert "terminal output failed" in text and "epoch 1 done\n" in text and "still going\n" in text
+
+
+def test_safe_stream_does_not_hide_other_errors(tmp_path):
+    stream = runtime.SafeStream(DeadTerminal(errno.ENOSPC), tmp_path / "train.log")
+    with pytest.raises(OSError):
+        stream.write("x")
+
+
+def test_strip_flags():
+    argv = ["--detach", "--nproc-per-node", "4", "--amp", "--nproc-per-node=2", "--set", "a.b=1"]
+    assert runtime.strip_flags(argv, {"--detach": 0, "--nproc-per-node": 1}) == ["--amp", "--set", "a.b=1"]
+
+
+def test_detach_runs_in_a_new_session_with_output_in_the_log(tmp_path):
+    log = tmp_path / "train.log"
+    code = ("import os, sys; print('sid', os.getsid(0) == os.getpid(), 'stdin', sys.stdin.read() == '', "
+            "'env', os.environ.get('VITPOSE_DETACHED'))")
+    pid = runtime.detach([sys.executable, "-c", code], log)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert "sid True stdin True env 1" in log.read_text()
+
+
+def test_train_detach_prints_pid_and_log(data_root, tmp_path, capsys):
+    assert train.main(tiny_args(data_root, tmp_path, "--epochs", "1", "--detach")) == 0
+    out = capsys.readouterr().out
+    pid = int(out.split("PID ")[1].split(";")[0])
+    assert str((tmp_path / "train.log").resolve()) in out
+    assert os.waitpid(pid, 0)[1] == 0
+    deadline = time.monotonic() + 5
+    while "done:" not in (tmp_path / "train.log").read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "done:" in (tmp_path / "train.log").read_text()
+    assert load_checkpoint(tmp_path / "last.pth")["epoch"] == 1
