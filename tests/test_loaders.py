@@ -195,6 +195,16 @@ def test_ram_cap_with_monkeypatched_available_memory(monkeypatch):
     assert build_loaders(train_set, val_set, config).num_workers == 0
 
 
+def test_dataset_size_counts_arrays_but_not_memory_maps(tmp_path):
+    np.save(tmp_path / "pixels.npy", np.zeros(4_000_000, np.uint8))
+    ds = ToyPoses(3)
+    ds.index = np.zeros((1000, 2), np.float32)  # 8000 bytes, copied by a spawned worker
+    ds.pixels = np.load(tmp_path / "pixels.npy", mmap_mode="r")  # page cache, shared
+    ds.window = ds.pixels[100:1100].reshape(10, 100)
+    size = L.dataset_nbytes(ds)
+    assert 8000 <= size < 8000 + 4000
+
+
 def test_auto_workers_is_half_the_cores(monkeypatch):
     monkeypatch.setattr(L.os, "sched_getaffinity", lambda pid: set(range(12)), raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)

@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import mmap
 import os
 import random
 import sys
@@ -140,13 +141,17 @@ def dataset_nbytes(dataset: Any, _depth: int = 0) -> int:
 
     A forked worker shares these pages at first, but reference counting dirties the pages of
     Python objects it touches, and a spawned worker gets a full copy; counting all of it keeps
-    the estimate on the safe side. A dataset may report its own figure as `nbytes`.
+    the estimate on the safe side. Memory-mapped arrays count nothing (the page cache is shared).
+    A dataset may report its own figure as an integer `nbytes` attribute.
     """
-    own = getattr(dataset, "nbytes", None)
-    if isinstance(own, int) and not isinstance(dataset, np.ndarray):
-        return own
     if isinstance(dataset, np.ndarray):
-        return dataset.nbytes
+        # A memory-mapped file (a crop cache) lives in the page cache, shared by every process.
+        return 0 if _file_backed(dataset) else dataset.nbytes
+    if isinstance(dataset, mmap.mmap):
+        return 0
+    own = getattr(dataset, "nbytes", None)
+    if isinstance(own, int):
+        return own
     if isinstance(dataset, torch.Tensor):
         return dataset.numel() * dataset.element_size()
     if _depth > 4:
@@ -158,6 +163,15 @@ def dataset_nbytes(dataset: Any, _depth: int = 0) -> int:
     if hasattr(dataset, "__dict__") and not isinstance(dataset, type):
         return sys.getsizeof(dataset) + dataset_nbytes(vars(dataset), _depth + 1)
     return sys.getsizeof(dataset)
+
+
+def _file_backed(array: np.ndarray) -> bool:
+    base = array
+    while base is not None:
+        if isinstance(base, (np.memmap, mmap.mmap)):
+            return True
+        base = getattr(base, "base", None)
+    return False
 
 
 def _items_nbytes(items: list, depth: int) -> int:
