@@ -15,6 +15,9 @@ on by default and can be switched off for bit-exact crops:
   when the crop shrinks them at least that much anyway (tests/test_dataset.py bounds the pixel
   difference; keypoints and targets are identical).
 - `encode_targets=False`: heatmaps are left to the trainer (`udp_encode_torch` on the device).
+And one that is bit-exact but needs preparing once: `crop_cache=DIR` (built by
+`python -m vitpose.data.crop_cache`) reads each crop's pixels from a memory-mapped file of
+per-instance image regions instead of decoding the JPEG (see crop_cache.py).
 
 Which annotations become instances (MMPose `parse_data_info` / `_is_valid_instance`): not crowd,
 `num_keypoints > 0`, `max(keypoints x, y) > 0`, and a box of positive width and height after
@@ -79,14 +82,19 @@ class CocoKeypoints(Dataset):
             Validation always raises on the first one.
         reduced_decode: training only: decode large boxes at reduced resolution (see above).
         photometric: optional list of albumentations pixel-level transforms (training only).
+        crop_cache: training only: directory of a crop cache built for this annotation file
+            (or a `CropCache`); crops are read from it, bit-exact, instead of decoded. A cache
+            built for other annotations raises DataError.
     """
 
     def __init__(self, ann_file, img_dir, train=False, bbox_file=None, input_size=(192, 256),
                  heatmap_size=(48, 64), sigma=2.0, seed=0, encode_targets=True,
                  bbox_score_thr=0.0, max_bad_images=10, reduced_decode=True, photometric=None,
-                 num_keypoints=NUM_KEYPOINTS, flip_indices=FLIP_INDICES):
+                 num_keypoints=NUM_KEYPOINTS, flip_indices=FLIP_INDICES, crop_cache=None):
         if train and bbox_file is not None:
             raise ValueError("bbox_file is for validation; training uses the GT boxes")
+        if crop_cache is not None and not train:
+            raise ValueError("crop_cache is for training sets; validation decodes its images")
         self.ann_file = Path(ann_file)
         self.img_dir = Path(img_dir)
         self.train = bool(train)
@@ -103,6 +111,7 @@ class CocoKeypoints(Dataset):
         self.flip_indices = tuple(flip_indices)
         self.epoch = 0
         self.bad_images = 0  # per process: each loader worker counts its own
+        self.crop_cache_misses = 0  # per process: crops the cache could not serve (decoded)
         self.dropped = {}
         self._photometric = T.build_photometric(photometric) if train else None
         self._codec = None
@@ -125,6 +134,11 @@ class CocoKeypoints(Dataset):
         xyxy = self._bbox_xyxy
         self._center = ((xyxy[:, 2:] + xyxy[:, :2]) * np.float32(0.5)).astype(np.float32)
         self._scale = ((xyxy[:, 2:] - xyxy[:, :2]) * np.float32(1.25)).astype(np.float32)
+        self._crop_cache = None
+        if crop_cache is not None:
+            from .crop_cache import CropCache
+            self._crop_cache = crop_cache if isinstance(crop_cache, CropCache) else CropCache(crop_cache)
+            self._crop_cache.check(self)
 
     # ------------------------------------------------------------------ index building
 
@@ -353,14 +367,15 @@ class CocoKeypoints(Dataset):
         return load_image(self.image_path(i), self._record(i), reduce, expected_size=self._img_wh[j])
 
     def _meta(self, i, center, scale_fixed):
-        x1, y1, x2, y2 = (float(v) for v in self._bbox_xyxy[i])
+        bbox = self._bbox_xyxy[i].copy()
+        bbox[2:] -= bbox[:2]  # xywh (float32 subtraction rounds the exact difference, as before)
         return {
             "image_id": int(self._img_ids[self._inst_img[i]]),
             "id": int(self._ids[i]),
             "center": torch.from_numpy(np.asarray(center, np.float32).copy()),
             "scale": torch.from_numpy(np.asarray(scale_fixed, np.float32).copy()),
             "bbox_score": float(self._bbox_score[i]),
-            "bbox": torch.tensor([x1, y1, x2 - x1, y2 - y1], dtype=torch.float32),
+            "bbox": torch.from_numpy(bbox),
             "area": float(np.float32(scale_fixed[0]) * np.float32(scale_fixed[1])),
         }
 
@@ -418,7 +433,21 @@ class CocoKeypoints(Dataset):
                 "keypoints": kpts, "keypoints_visible": vis, "image_width": width}
 
     def render_crop(self, i, geo, reduced=None):
-        """Warp instance i's image with the geometry of `augment_geometry` (uint8 BGR HWC)."""
+        """Warp instance i's image with the geometry of `augment_geometry` (uint8 BGR HWC).
+
+        With a crop cache (and `reduced` not given) the pixels come from the cache; a crop it
+        cannot serve is decoded on the exact path.
+        """
+        if self._crop_cache is not None and reduced is None:
+            crop = self._crop_cache.render(i, geo["matrix"], geo["flipped"],
+                                           self._img_wh[self._inst_img[i]], self.input_size)
+            if crop is not None:
+                return crop
+            self.crop_cache_misses += 1
+            if self.crop_cache_misses == 1:
+                log.warning("crop cache %s does not hold the pixels of %s's crop; decoding "
+                            "(counted in crop_cache_misses)", self._crop_cache.path, self._record(i))
+            reduced = False
         reduced = self.reduced_decode if reduced is None else reduced
         if reduced:
             f = T.choose_reduction(geo["scale_fixed"], self.input_size)
@@ -455,11 +484,10 @@ class CocoKeypoints(Dataset):
     def _udp_weights(self, keypoints, visible):
         """UDPHeatmap's keypoint weights without the heatmaps (the trainer draws those):
         the visibility, or 0 when the 13x13 (3 sigma) window misses the heatmap entirely."""
-        (w, h), (W, H) = self.input_size, self.heatmap_size
-        stride = np.array([(w - 1) / (W - 1), (h - 1) / (H - 1)], np.float32)
+        (w, h), size = self.input_size, np.array(self.heatmap_size)
+        stride = np.array([(w - 1) / (size[0] - 1), (h - 1) / (size[1] - 1)], np.float32)
         mu = (keypoints / stride + 0.5).astype(np.int64)  # truncation toward zero, as MMPose
         r = int(self.sigma * 3)
-        outside = ((mu[:, 0] - r >= W) | (mu[:, 1] - r >= H) | (mu[:, 0] + r + 1 < 0)
-                   | (mu[:, 1] + r + 1 < 0))
+        outside = ((mu - r >= size) | (mu + r + 1 < 0)).any(axis=1)
         # Keypoints with visibility < 0.5 are skipped before the window test and keep theirs.
         return np.where(outside & (visible >= 0.5), 0.0, visible).astype(np.float32)
