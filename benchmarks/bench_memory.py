@@ -129,8 +129,8 @@ def run_child(args) -> dict:
         run_phase("train1", loaders.train(1), args.train_batches)
         loaders.close()
     else:
-        common = dict(batch_size=args.batch_size, num_workers=args.workers, prefetch_factor=2,
-                      worker_init_fn=_init_worker)
+        common = {"batch_size": args.batch_size, "num_workers": args.workers, "prefetch_factor": 2,
+                  "worker_init_fn": _init_worker}
         train_loader = DataLoader(FixedEpoch(train_set), shuffle=True, persistent_workers=True, **common)
         val_loader = DataLoader(FixedEpoch(val_set), shuffle=False, **common)
         run_phase("train0", train_loader, args.train_batches)
@@ -150,7 +150,8 @@ def summarize(result: dict) -> dict:
         by_phase.setdefault(phase, []).append((total, main))
     train0 = [t for t, _ in by_phase["train0"]]
     steady = statistics.median(train0[len(train0) // 2:])
-    peak = max(t for t, _ in sum(by_phase.values(), []))
+    everything = [s for phase in by_phase.values() for s in phase]
+    peak = max(t for t, _ in everything)
     mib = 2**20
     return {
         "setup": result["setup"],
@@ -158,7 +159,7 @@ def summarize(result: dict) -> dict:
         "val_peak_mib": max(t for t, _ in by_phase["val"]) / mib,
         "train1_peak_mib": max(t for t, _ in by_phase["train1"]) / mib,
         "peak_mib": peak / mib,
-        "main_peak_mib": max(m for _, m in sum(by_phase.values(), [])) / mib,
+        "main_peak_mib": max(m for _, m in everything) / mib,
         "peak_over_steady": peak / steady,
         # The workers' share: total minus the main process, at the same instant.
         "workers_steady_mib": statistics.median(t - m for t, m in by_phase["train0"][len(train0) // 2:]) / mib,

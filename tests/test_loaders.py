@@ -38,7 +38,7 @@ class ToyPoses:
 
 
 def cfg(**kw):
-    base = dict(batch_size=4, val_batch_size=3, num_workers=0, pin_memory=False, prefetch_factor=2)
+    base = {"batch_size": 4, "val_batch_size": 3, "num_workers": 0, "pin_memory": False, "prefetch_factor": 2}
     return LoaderConfig(**{**base, **kw})
 
 
@@ -66,7 +66,7 @@ def test_train_sharding_matches_distributed_sampler_and_covers_all(n, world_size
             assert ours == list(ref)
             shards.append(ours)
         assert len({len(s) for s in shards}) == 1  # every rank takes the same number of steps
-        flat = sum(shards, [])
+        flat = [i for s in shards for i in s]
         assert set(flat) == set(range(n))
         assert len(flat) == math.ceil(n / world_size) * world_size
     assert train_indices(n, 0, seed=7) != train_indices(n, 1, seed=7)  # reshuffled per epoch
@@ -75,7 +75,7 @@ def test_train_sharding_matches_distributed_sampler_and_covers_all(n, world_size
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_val_sharding_covers_every_index_once(world_size):
     shards = [val_indices(11, r, world_size) for r in range(world_size)]
-    flat = sorted(sum(shards, []))
+    flat = sorted(i for s in shards for i in s)
     assert flat == list(range(11))
     assert all(s == sorted(s) for s in shards)
 
@@ -279,7 +279,7 @@ def test_workers_start_after_the_main_process_used_opencv_threads():
         pytest.skip("OpenCV runs single-threaded here: nothing to inherit")
     repo = Path(__file__).resolve().parents[1]
     try:
-        proc = subprocess.run([sys.executable, "-c", FORK_AFTER_CV2, "guarded"], cwd=repo, timeout=180,
+        proc = subprocess.run([sys.executable, "-c", FORK_AFTER_CV2, "guarded"], cwd=repo, timeout=180, check=False,
                               capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(repo)})
     except subprocess.TimeoutExpired:
         pytest.fail("a DataLoader worker hung at start-up after the main process used OpenCV threads")

@@ -130,7 +130,7 @@ def make_train_step(cfg, device):
     import torch
 
     from vitpose.engine.precision import resolve_precision
-    from vitpose.engine.trainer import forward_backward, optimizer_step, prepare_batch
+    from vitpose.engine.trainer import forward_backward, is_finite, optimizer_step, prepare_batch
     from vitpose.models import build_model
 
     w, h = cfg.model.input_size
@@ -147,7 +147,8 @@ def make_train_step(cfg, device):
         images, heatmaps, weights = prepare_batch(batch, device, cfg.model.input_size, cfg.model.heatmap_size,
                                                   cfg.model.sigma)
         loss = forward_backward(model, images, heatmaps, weights, precision)
-        optimizer_step(model, optimizer, precision, cfg.optim.clip_grad, loss_finite=True)
+        # is_finite reads the loss on the host each step, as train.py does.
+        optimizer_step(model, optimizer, precision, cfg.optim.clip_grad, loss_finite=is_finite(loss))
 
     return step
 
@@ -278,7 +279,6 @@ def plot(rows: list[Row], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
     from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(7, 4.5))

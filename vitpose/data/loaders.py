@@ -47,9 +47,10 @@ import mmap
 import os
 import random
 import sys
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import psutil
@@ -305,7 +306,7 @@ def _init_worker(worker_id: int, seed: int, rank: int) -> None:
 class _Phase:
     """An iterable over one phase's batches, with a length."""
 
-    def __init__(self, loaders: "Loaders", keys: list[list[tuple[int, int, int]]]):
+    def __init__(self, loaders: Loaders, keys: list[list[tuple[int, int, int]]]):
         self._loaders = loaders
         self._keys = keys
 
