@@ -319,7 +319,8 @@ def write_results(rows: list[Row], lines: list[str], out: Path) -> dict[str, Pat
 
 
 def build_train_set(cfg, root: Path):
-    """The configured training set under `root`, built as train.py builds it."""
+    """The configured training set under `root`, built as train.py builds it (less the optional
+    photometric stage, which train.py assembles itself)."""
     from vitpose.data.coco import CocoKeypoints
 
     return CocoKeypoints(
@@ -328,6 +329,7 @@ def build_train_set(cfg, root: Path):
         seed=cfg.train.seed, encode_targets=not cfg.loader.targets_on_device,
         max_bad_images=cfg.data.max_bad_images, reduced_decode=cfg.data.reduced_decode,
         num_keypoints=cfg.model.num_keypoints,
+        crop_cache=root / cfg.data.crop_cache if cfg.data.crop_cache else None,
     )
 
 
