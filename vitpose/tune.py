@@ -408,6 +408,7 @@ def main(argv=None) -> int:
             syn = make_coco(tmp, args.synthetic, seed=cfg.train.seed, split="train", image_size=(640, 480))
             cfg.data.train_ann = str(syn.ann_file.relative_to(tmp))
             cfg.data.train_images = str(syn.img_dir.relative_to(tmp))
+            cfg.data.crop_cache = None  # a cache belongs to its own annotation file
             root = Path(tmp)
         else:
             root = Path(args.data_root or cfg.data.root)
