@@ -138,12 +138,12 @@ def train(cfg, config_path: Path, resume: str | None, stop) -> int:
     """One training run with a resolved config; returns the exit status."""
     import torch
 
+    from vitpose.engine import distributed as D
     from vitpose.engine import runtime
 
     work_dir = Path(cfg.train.work_dir)
-    dist_info = _setup_distributed(cfg.train.device)
-    rank, world_size, device = dist_info.rank, dist_info.world_size, dist_info.device
-    is_main = rank == 0
+    ctx = D.init_distributed(cfg.train.device)  # torchrun's environment, or a single process
+    rank, world_size, device, is_main = ctx.rank, ctx.world_size, ctx.device, ctx.is_main
 
     # ---- data: check the files before anything heavy --------------------------------------
     from vitpose.data.coco import CocoKeypoints
@@ -151,7 +151,7 @@ def train(cfg, config_path: Path, resume: str | None, stop) -> int:
     if cfg.data.synthetic_train_images > 0:
         if is_main:
             ensure_synthetic_data(cfg)
-        dist_info.barrier()
+        D.barrier(ctx)
     missing = missing_data_files(cfg)
     if missing:
         if is_main:
@@ -172,13 +172,14 @@ def train(cfg, config_path: Path, resume: str | None, stop) -> int:
     np.random.seed(cfg.train.seed + rank)
     random.seed(cfg.train.seed + rank)
 
-    encode_on_device = cfg.loader.targets_on_device and _udp_torch_available()
+    encode_on_device = cfg.loader.targets_on_device  # UDP heatmaps drawn on the device from keypoints
     root = Path(cfg.data.root)
     train_set = CocoKeypoints(
         root / cfg.data.train_ann, root / cfg.data.train_images, train=True,
         input_size=cfg.model.input_size, heatmap_size=cfg.model.heatmap_size, sigma=cfg.model.sigma,
         seed=cfg.train.seed, encode_targets=not encode_on_device, max_bad_images=cfg.data.max_bad_images,
         reduced_decode=cfg.data.reduced_decode, photometric=photometric_transforms(cfg.data.photometric),
+        crop_cache=root / cfg.data.crop_cache if cfg.data.crop_cache else None,
         num_keypoints=cfg.model.num_keypoints,
     )
     val_set = CocoKeypoints(
@@ -230,8 +231,15 @@ def train(cfg, config_path: Path, resume: str | None, stop) -> int:
 
     # ---- resume -----------------------------------------------------------------------------
     from vitpose.engine.checkpoint import find_resume_checkpoint, load_checkpoint, save_checkpoint
-    from vitpose.engine.trainer import (TrainState, checkpoint_payload, forward_backward, is_finite,
-                                        optimizer_step, prepare_batch, restore_checkpoint)
+    from vitpose.engine.trainer import (
+        TrainState,
+        checkpoint_payload,
+        forward_backward,
+        is_finite,
+        optimizer_step,
+        prepare_batch,
+        restore_checkpoint,
+    )
 
     state = TrainState()
     if resume:
@@ -248,7 +256,7 @@ def train(cfg, config_path: Path, resume: str | None, stop) -> int:
                 print(f"resumed from {path}: epoch {state.epoch}, batch {state.batch}, iteration {state.iteration}")
 
     # ---- wrappers: compile, DDP ---------------------------------------------------------
-    train_model = dist_info.wrap(torch.compile(model) if cfg.train.compile else model)
+    train_model = D.wrap_model(torch.compile(model) if cfg.train.compile else model, ctx)
 
     batches_per_epoch = loaders.train_batches_per_epoch
     accum = cfg.optim.accum_steps
@@ -265,11 +273,13 @@ def train(cfg, config_path: Path, resume: str | None, stop) -> int:
                               keypoint_score_thr=cfg.eval.keypoint_score_thr, nms_mode=cfg.eval.nms_mode,
                               nms_thr=cfg.eval.nms_thr) if is_main else None
 
+    # Detached, stdout already is train.log, which Telemetry also writes: keep its terminal copy quiet.
+    quiet = open(os.devnull, "w") if runtime.is_detached() else None  # noqa: SIM115 (closed in finish)
     telemetry = Telemetry(
         work_dir, total_iters=total_steps, iters_per_epoch=steps_per_epoch, is_main=is_main,
         log_every=cfg.train.log_every, tensorboard=cfg.train.tensorboard, device=device,
         thermal_limit_c=cfg.train.thermal_limit_c, thermal_guard=cfg.train.thermal_guard,
-        stream=open(os.devnull, "w") if runtime.is_detached() else None,  # stdout already is train.log
+        stream=quiet,
         num_workers=loaders.num_workers, world_size=world_size, config_path=str(config_path),
     )
     telemetry.message(
@@ -285,18 +295,20 @@ def train(cfg, config_path: Path, resume: str | None, stop) -> int:
         """COCO AP of the plain model on the validation set (all ranks predict, rank 0 scores)."""
         predictions = predict(model, loaders.val(), codec, flip_test=cfg.eval.flip_test, device=device,
                               amp_dtype=precision.dtype)
-        predictions = dist_info.gather(predictions)
+        predictions = D.gather_objects(predictions, ctx)
         ap = None
         if is_main:
             stats = evaluator.evaluate(predictions)
             telemetry.log_eval(state.epoch - 1, max(state.iteration - 1, 0), stats)
             ap = float(stats["AP"])
-        return dist_info.broadcast(ap)
+        return D.broadcast_object(ap, ctx)
 
     def finish(code: int) -> int:
         telemetry.close()
         loaders.close()
-        dist_info.cleanup()
+        D.cleanup(ctx)
+        if quiet is not None:
+            quiet.close()
         return code
 
     # ---- the loop -----------------------------------------------------------------------
@@ -314,7 +326,7 @@ def train(cfg, config_path: Path, resume: str | None, stop) -> int:
             if micro == 0:
                 schedule.step(state.iteration, epoch)
             last_micro = micro + 1 == accum or state.batch + 1 == batches_per_epoch
-            with dist_info.no_sync(train_model, enabled=not last_micro):
+            with D.no_sync(train_model, enabled=not last_micro):
                 loss = forward_backward(train_model, images, heatmaps, weights, precision, accum)
             loss_sum = loss_sum + loss
             samples += images.shape[0] * world_size
@@ -326,8 +338,8 @@ def train(cfg, config_path: Path, resume: str | None, stop) -> int:
 
             # One optimizer step; agree across ranks on a non-finite loss and on a stop request.
             loss_mean = loss_sum / micro
-            nonfinite, stop_now = dist_info.any_rank(not is_finite(loss_mean), stop.requested)
-            grad_norm, stepped = optimizer_step(model, optimizer, precision, cfg.optim.clip_grad,
+            nonfinite, stop_now = D.any_rank([not is_finite(loss_mean), stop.requested], ctx)
+            grad_norm, _ = optimizer_step(model, optimizer, precision, cfg.optim.clip_grad,
                                                 loss_finite=not nonfinite)
             lr_now = optimizer.param_groups[-1]["lr"]
             telemetry.log_step(state.iteration, epoch, loss_mean, lr_now, samples,
@@ -368,7 +380,7 @@ def train(cfg, config_path: Path, resume: str | None, stop) -> int:
 
         # ---- end of epoch: buffers, validation, checkpoints -----------------------------
         state.epoch, state.batch = epoch + 1, 0
-        dist_info.sync_buffers(model)
+        D.sync_buffers(model, ctx)
         done = state.epoch
         improved = False
         if done % cfg.train.val_every == 0 or done == cfg.schedule.epochs:
@@ -391,58 +403,6 @@ def train(cfg, config_path: Path, resume: str | None, stop) -> int:
 
 # ---------------------------------------------------------------------------------------------
 # Helpers kept out of the way of the main story
-
-
-class _SingleProcess:
-    """TODO(F): replace with vitpose.engine.distributed once it lands."""
-
-    def __init__(self, device):
-        import torch
-
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(device)
-        self.rank, self.world_size = 0, 1
-
-    def barrier(self):
-        pass
-
-    def wrap(self, model):
-        return model
-
-    def no_sync(self, model, enabled=True):
-        import contextlib
-
-        return contextlib.nullcontext()
-
-    def any_rank(self, *flags):
-        return tuple(bool(f) for f in flags)
-
-    def sync_buffers(self, model):
-        pass
-
-    def gather(self, items):
-        return items
-
-    def broadcast(self, value):
-        return value
-
-    def cleanup(self):
-        pass
-
-
-def _setup_distributed(device):
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise SystemExit("several processes need vitpose.engine.distributed (not there yet)")
-    return _SingleProcess(device)
-
-
-def _udp_torch_available() -> bool:
-    try:
-        import vitpose.codecs.udp_torch  # noqa: F401
-    except ImportError:  # TODO(F): drop once the torch UDP encoder has landed
-        return False
-    return True
 
 
 def _run_foreground(command: list[str]) -> int:

@@ -9,7 +9,7 @@ from vitpose.engine.config import ConfigError, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-import train  # noqa: E402
+import train
 
 CONFIGS = REPO / "configs"
 

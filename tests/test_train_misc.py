@@ -12,12 +12,17 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-import train  # noqa: E402
-
-from vitpose.engine import runtime, trainer  # noqa: E402
-from vitpose.engine.checkpoint import (clean_state_dict, load_checkpoint, model_state_dict,  # noqa: E402
-                                       rng_state, save_checkpoint, set_rng_state)
-from vitpose.engine.precision import resolve_precision  # noqa: E402
+import train
+from vitpose.engine import runtime, trainer
+from vitpose.engine.checkpoint import (
+    clean_state_dict,
+    load_checkpoint,
+    model_state_dict,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from vitpose.engine.precision import resolve_precision
 
 TINY = [
     "model.input_size=[48, 64]", "model.heatmap_size=[12, 16]", "model.sigma=1.0",

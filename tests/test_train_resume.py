@@ -10,9 +10,8 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-import train  # noqa: E402
-
-from vitpose.engine.checkpoint import find_resume_checkpoint, load_checkpoint  # noqa: E402
+import train
+from vitpose.engine.checkpoint import find_resume_checkpoint, load_checkpoint
 
 
 def tiny_args(data_root, work_dir, *extra):

@@ -96,7 +96,7 @@ class SafeStream:
     def _switch(self, error: BaseException):
         if self._fallback is None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._fallback = open(self.log_path, "a", buffering=1, encoding="utf-8")
+            self._fallback = open(self.log_path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
             self._fallback.write(f"[vitpose] terminal output failed ({error!r}); continuing in this log\n")
         self.primary = None
 

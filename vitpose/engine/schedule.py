@@ -77,7 +77,7 @@ class LRSchedule:
             group.setdefault(BASE_LR_KEY, group["lr"])
 
     @classmethod
-    def from_config(cls, optimizer, schedule_cfg) -> "LRSchedule":
+    def from_config(cls, optimizer, schedule_cfg) -> LRSchedule:
         return cls(
             optimizer,
             warmup_iters=schedule_cfg.warmup_iters,

@@ -15,10 +15,9 @@ import torch
 
 from vitpose.data.loaders import to_device
 from vitpose.engine.checkpoint import model_state_dict, rng_state, set_rng_state, unwrap_model
+from vitpose.engine.losses import KeypointMSELoss
 from vitpose.engine.precision import Precision
 from vitpose.engine.schedule import BASE_LR_KEY
-
-from vitpose.engine.losses import KeypointMSELoss
 
 keypoint_mse_loss = KeypointMSELoss(use_target_weight=True)
 
