@@ -231,7 +231,8 @@ class CropCache:
         if r < 0:
             return None
         if self._pixels is None:
-            self._pixels = np.load(self.path / PIXELS_FILE, mmap_mode="r")
+            # A plain ndarray over the map: np.memmap's slicing overhead is per sample.
+            self._pixels = np.load(self.path / PIXELS_FILE, mmap_mode="r").view(np.ndarray)
         x0, y0, x1, y1 = (int(v) for v in self._boxes[r])
         start = int(self._offsets[r])
         size = (y1 - y0) * (x1 - x0) * 3
