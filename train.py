@@ -395,6 +395,10 @@ def train(cfg, config_path: Path, resume: str | None, stop) -> int:
             if cfg.train.keep_every > 0 and done % cfg.train.keep_every == 0:
                 save(f"epoch_{done}.pth")
         last_save = time.monotonic()
+        if D.any_rank([stop.requested], ctx)[0] and done < cfg.schedule.epochs:  # e.g. during validation
+            telemetry.message(f"stopped by {stop.signal_name or 'a signal on another rank'} after epoch {done}; "
+                              f"saved {work_dir / 'last.pth'}. Continue with --resume auto.")
+            return finish(EXIT_OK)
 
     telemetry.message(f"done: {state.iteration} iterations; best AP {state.best_ap} at epoch {state.best_epoch}; "
                       f"checkpoints in {work_dir}")
