@@ -43,7 +43,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,  # `--lr` must not silently mean something else
         epilog=(
-            "Flags below override the config file; --set overrides any config field, e.g.\n"
+            "The flags above override the config file; --set overrides any config field, e.g.\n"
             "  --set optim.lr=1e-3 --set train.val_every=5 --set model.drop_path_rate=0.2\n"
             "Unknown keys fail before any work starts, naming the closest valid key.\n\n"
             "Detaching: --detach restarts this command in its own session (setsid), stdin closed,\n"
@@ -56,7 +56,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--config", default=None,
                    help=f"YAML config (default {DEFAULT_CONFIG.relative_to(REPO)}; {DEMO_CONFIG.relative_to(REPO)} with --demo)")
     p.add_argument("--demo", action="store_true",
-                   help="train a small ViT on a synthetic COCO-layout set (built under the work dir); minutes on a CPU")
+                   help="train a small ViT on a synthetic COCO-layout set (written once to work_dirs/demo/synthetic_coco); minutes on a CPU")
     p.add_argument("--amp", action="store_true",
                    help="mixed precision: fp16 autocast + GradScaler on CUDA, bf16 autocast on CPU")
     p.add_argument("--amp-dtype", choices=["float16", "bfloat16"], default=None,

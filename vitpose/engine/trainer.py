@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from vitpose.codecs.udp_torch import udp_encode_torch
 from vitpose.data.loaders import to_device
 from vitpose.engine.checkpoint import model_state_dict, rng_state, set_rng_state, unwrap_model
 from vitpose.engine.losses import KeypointMSELoss
@@ -20,11 +21,6 @@ from vitpose.engine.precision import Precision
 from vitpose.engine.schedule import BASE_LR_KEY
 
 keypoint_mse_loss = KeypointMSELoss(use_target_weight=True)
-
-try:
-    from vitpose.codecs.udp_torch import udp_encode_torch
-except ImportError:  # pragma: no cover - only until the codec lands
-    udp_encode_torch = None
 
 
 @dataclass
@@ -53,8 +49,6 @@ def prepare_batch(batch: dict, device: torch.device, input_size, heatmap_size, s
     if "heatmaps" in batch:
         heatmaps, weights = batch["heatmaps"].float(), batch["keypoint_weights"].float()
     else:
-        if udp_encode_torch is None:
-            raise RuntimeError("the batch carries keypoints but vitpose.codecs.udp_torch is missing")
         keypoints, visible = batch["keypoints"].float(), batch["keypoints_visible"].float()
         heatmaps, weights = udp_encode_torch(keypoints, visible, tuple(input_size), tuple(heatmap_size), sigma)
     return batch["image"], heatmaps, weights
