@@ -14,6 +14,9 @@ _LOCATIONS = {
     "DataError": "vitpose.data.errors",
     "build_loaders": "vitpose.data.loaders",
     "make_coco": "vitpose.data.synthetic",
+    "CropCache": "vitpose.data.crop_cache",
+    "build_crop_cache": "vitpose.data.crop_cache",
+    "to_device": "vitpose.data.loaders",
     "SyntheticCoco": "vitpose.data.synthetic",
 }
 __all__ = sorted(_LOCATIONS)

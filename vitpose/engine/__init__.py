@@ -5,6 +5,13 @@ import importlib
 _LOCATIONS = {
     "param_groups": "vitpose.engine.optim",
     "mmpose_name": "vitpose.engine.optim",
+    "load_config": "vitpose.engine.config",
+    "Config": "vitpose.engine.config",
+    "ConfigError": "vitpose.engine.config",
+    "predict": "vitpose.engine.evaluate",
+    "evaluate_model": "vitpose.engine.evaluate",
+    "Telemetry": "vitpose.engine.telemetry",
+    "init_distributed": "vitpose.engine.distributed",
 }
 __all__ = sorted(_LOCATIONS)
 
