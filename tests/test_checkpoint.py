@@ -197,6 +197,7 @@ def test_vitpose_plus_is_recognised():
     with pytest.raises(CheckpointError, match="ViTPose\\+ multi-dataset checkpoint") as e:
         load_weights(tiny(), sd)
     assert "backbone.blocks.0.mlp.experts.0.weight" in str(e.value)
+    assert "associate_keypoint_heads.0.final_layer.weight" in str(e.value)
 
 
 def test_missing_keys_are_named_and_non_strict_loads_the_rest(model):

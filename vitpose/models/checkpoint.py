@@ -238,7 +238,9 @@ def _convert(state_dict, model):
     """(own-layout state dict for `model`, layout, skipped names, notes, backbone_only)."""
     layout, prefixed = detect_layout(state_dict)
     backbone, head, other = _split_backbone_head(state_dict, prefixed)
-    skipped = sorted(other)
+    # Top-level keys outside backbone/head: MMPose's preprocessor constants are harmless;
+    # anything else (e.g. ViTPose+'s extra dataset heads) stays, to be reported as unexpected.
+    skipped = sorted(n for n in other if n.startswith("data_preprocessor."))
     notes = []
     rules = {"mmpose1x": MMPOSE1X_BACKBONE, "official": OFFICIAL_BACKBONE, "hf": HF_BACKBONE}.get(layout, [])
     backbone = {_rename(n, rules): v for n, v in backbone.items()}
@@ -269,6 +271,7 @@ def _convert(state_dict, model):
     if hasattr(model, "backbone"):
         converted = {"backbone." + n: v for n, v in backbone.items()}
         converted.update({"head." + n: v for n, v in head.items()})
+        converted.update({n: v for n, v in other.items() if n not in skipped})
     else:
         converted = dict(backbone)
         skipped += ["head." + n for n in head]
