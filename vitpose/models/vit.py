@@ -168,7 +168,9 @@ class VisionTransformer(nn.Module):
     def forward(self, x):
         x = self.patch_embed(x)
         N, C, Hp, Wp = x.shape
-        x = x.flatten(2).transpose(1, 2) + self._pos_embed((Hp, Wp))  # (N, Hp*Wp, C), row-major
+        # (N, Hp*Wp, C) tokens, row-major. Made contiguous once here: otherwise the residual
+        # stream inherits the conv's channel-major strides and every LayerNorm / Linear copies.
+        x = x.flatten(2).transpose(1, 2).contiguous() + self._pos_embed((Hp, Wp))
         for blk in self.blocks:
             if self.grad_checkpointing and torch.is_grad_enabled():
                 x = checkpoint(blk, x, use_reentrant=False)
