@@ -7,7 +7,8 @@ Train step = forward + KeypointMSELoss + backward + clip_grad_norm_(1.0) + AdamW
 decay groups, fused AdamW where the device supports it) on random 256x192 inputs and targets,
 drop path as configured for the size. Eval = forward under inference_mode. fp32 by default;
 `--amp` adds an autocast run (bf16 on CPU; `--amp-dtype bf16|fp16` on CUDA, fp16 with a
-GradScaler). Median of `--iters` (10) after `--warmup` (3); 2 threads on CPU.
+GradScaler). Median of `--iters` (10) after `--warmup` (3); 2 threads on CPU. `--compile`
+wraps our model in torch.compile (compilation happens in the warm-up iterations).
 
 `--mmpose` runs MMPose 1.3.2's ViTPose (same config, random weights via init_cfg=None and
 mmpose.apis.init_model; train step = model.loss on fake data samples + backward + clip +
@@ -80,6 +81,8 @@ def bench_ours(args, device, amp_dtype):
     except (RuntimeError, TypeError):  # fused AdamW unsupported here: plain AdamW
         opt = torch.optim.AdamW(groups, betas=(0.9, 0.999))
     criterion = KeypointMSELoss()
+    if args.compile:  # after the groups: compiled and eager modules share the parameters
+        model = torch.compile(model)
     enabled = amp_dtype is not None
     scaler = torch.amp.GradScaler(device.type, enabled=enabled and amp_dtype == torch.float16)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -233,6 +236,7 @@ def main():
                         help="autocast dtype (default bf16; fp16 only on CUDA)")
     parser.add_argument("--mmpose", action="store_true", help="time MMPose 1.3.2 fp32 with the same protocol")
     parser.add_argument("--grad-checkpointing", action="store_true")
+    parser.add_argument("--compile", action="store_true", help="torch.compile our model (warm-up absorbs compile)")
     parser.add_argument("--no-fused", action="store_true", help="plain (for-loop) AdamW instead of fused")
     args = parser.parse_args()
     if args.quick:
