@@ -32,9 +32,9 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from vitpose.engine.losses import KeypointMSELoss  # noqa: E402
-from vitpose.engine.optim import LAYER_DECAY, param_groups  # noqa: E402
-from vitpose.models.vitpose import build_model  # noqa: E402
+from vitpose.engine.losses import KeypointMSELoss
+from vitpose.engine.optim import LAYER_DECAY, param_groups
+from vitpose.models.vitpose import build_model
 
 MMPOSE_PY = Path("/root/.cache/mmpose-ref-venv/bin/python")
 SHARED = Path(os.environ.get("VITPOSE_SHARED", REPO.parent / "shared"))

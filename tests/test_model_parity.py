@@ -6,12 +6,12 @@ import json
 import numpy as np
 import pytest
 import torch
+from weights_recipe import DIGESTS_SEED7, derive, load_spec, make_weights, spec_digest
 
 from vitpose.engine.losses import KeypointMSELoss, pck_accuracy
 from vitpose.engine.optim import mmpose_name
 from vitpose.models.checkpoint import load_weights
 from vitpose.models.vitpose import build_model, flip_test
-from weights_recipe import DIGESTS_SEED7, derive, load_spec, make_weights, spec_digest
 
 INPUTS = ("randn", "uniform_pixels", "real_coco")
 LAYOUTS = ("mmpose1x", "official0x", "hf")

@@ -41,7 +41,7 @@ def pck_accuracy(pred, target, keypoint_weights, thr=0.05):
     keypoints with weight > 0 count; the mean is over keypoints that have any valid sample.
     Returns a 0-d float32 tensor (no host sync).
     """
-    B, K, H, W = pred.shape
+    H, W = pred.shape[-2:]
     p, _ = heatmap_argmax(pred.float())
     t, _ = heatmap_argmax(target.float())
     norm = torch.tensor([H, W], dtype=torch.float32, device=pred.device)
@@ -54,4 +54,4 @@ def pck_accuracy(pred, target, keypoint_weights, thr=0.05):
     return per_kpt.mean() if per_kpt.numel() else torch.zeros((), device=pred.device)
 
 
-__all__ = ["KeypointMSELoss", "pck_accuracy", "heatmap_argmax"]
+__all__ = ["KeypointMSELoss", "heatmap_argmax", "pck_accuracy"]

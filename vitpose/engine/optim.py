@@ -83,4 +83,4 @@ def param_groups(model, lr=5e-4, weight_decay=0.1, layer_decay=0.8):
     return [groups[k] for k in sorted(groups)]
 
 
-__all__ = ["param_groups", "mmpose_name", "layer_id", "LAYER_DECAY"]
+__all__ = ["LAYER_DECAY", "layer_id", "mmpose_name", "param_groups"]

@@ -400,4 +400,4 @@ def save_weights(model, path):
     return path
 
 
-__all__ = ["load_weights", "save_weights", "convert_state_dict", "detect_layout", "CheckpointError", "LoadReport"]
+__all__ = ["CheckpointError", "LoadReport", "convert_state_dict", "detect_layout", "load_weights", "save_weights"]

@@ -180,4 +180,4 @@ class VisionTransformer(nn.Module):
         return x.transpose(1, 2).reshape(N, C, Hp, Wp)
 
 
-__all__ = ["VisionTransformer", "Block", "Attention", "Mlp", "PatchEmbed", "DropPath", "resize_pos_embed"]
+__all__ = ["Attention", "Block", "DropPath", "Mlp", "PatchEmbed", "VisionTransformer", "resize_pos_embed"]

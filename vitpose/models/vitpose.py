@@ -94,4 +94,4 @@ def flip_test(model, x, flip_indices=None):
     return (heatmaps + flipped.flip(-1)[:, flip_indices]) * 0.5
 
 
-__all__ = ["ViTPose", "build_model", "flip_test", "MODEL_SIZES", "DECODERS"]
+__all__ = ["DECODERS", "MODEL_SIZES", "ViTPose", "build_model", "flip_test"]
