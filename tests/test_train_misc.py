@@ -23,7 +23,7 @@ from vitpose.engine.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from vitpose.engine.precision import resolve_precision
+from vitpose.engine.precision import cpu_has_native_bf16, resolve_precision
 
 TINY = [
     "model.input_size=[48, 64]", "model.heatmap_size=[12, 16]", "model.sigma=1.0",
@@ -83,9 +83,14 @@ def test_a_single_nonfinite_loss_is_skipped(data_root, tmp_path, monkeypatch, ca
 def test_precision_choices():
     cpu = torch.device("cpu")
     assert resolve_precision(cpu, amp=False).name == "fp32"
-    p = resolve_precision(cpu, amp=True)  # CPU: bf16 autocast, never a scaler
-    assert p.dtype is torch.bfloat16 and p.scaler is None and "bfloat16" in p.note
-    assert resolve_precision(cpu, amp=True, amp_dtype="bfloat16").note == ""
+    p = resolve_precision(cpu, amp=True)  # CPU: bf16 autocast where native, else fp32; never a scaler
+    assert p.scaler is None
+    if cpu_has_native_bf16():
+        assert p.dtype is torch.bfloat16 and "bfloat16" in p.note
+    else:
+        assert p.dtype is None and "no native bf16" in p.note
+    forced = resolve_precision(cpu, amp=True, amp_dtype="bfloat16")
+    assert forced.dtype is torch.bfloat16 and forced.note == ""
     with pytest.raises(ValueError, match="float16 or bfloat16"):
         resolve_precision(cpu, amp=True, amp_dtype="int8")
 

@@ -2,7 +2,10 @@
 
     --amp on CUDA                       fp16 autocast + GradScaler (dynamic loss scale)
     --amp --amp-dtype bfloat16 on CUDA  bf16 autocast, no scaler (bf16 has fp32's range)
-    --amp on CPU                        bf16 autocast, no scaler (CPU autocast is bf16-first)
+    --amp on CPU                        bf16 autocast, no scaler (CPU autocast is bf16-first), when
+                                        the CPU computes bf16 natively (AVX512-BF16 or AMX); else fp32,
+                                        since emulated bf16 matmuls run several times slower than fp32
+    --amp --amp-dtype bfloat16 on CPU   bf16 autocast whatever the CPU (asked for explicitly)
     no --amp                            fp32
 The loss is always computed in fp32, outside autocast.
 """
@@ -10,6 +13,7 @@ The loss is always computed in fp32, outside autocast.
 from __future__ import annotations
 
 import contextlib
+import platform
 from dataclasses import dataclass
 
 import torch
@@ -48,5 +52,18 @@ def resolve_precision(device: torch.device, amp: bool, amp_dtype: str = "float16
             raise ValueError("bfloat16 autocast needs a GPU with bf16 support (Ampere or newer); use float16")
         scaler = torch.amp.GradScaler("cuda") if dtype is torch.float16 else None
         return Precision("cuda", dtype, scaler)
-    note = "" if dtype is torch.bfloat16 else f"--amp on {device.type}: using bfloat16 autocast (no fp16 scaler there)"
-    return Precision(device.type, torch.bfloat16, None, note)
+    if dtype is torch.bfloat16:
+        return Precision(device.type, torch.bfloat16, None)
+    if device.type == "cpu" and not cpu_has_native_bf16():
+        return Precision("cpu", None, None, "--amp on this CPU: no native bf16 (AVX512-BF16/AMX), so bf16 "
+                         "autocast would be slower than fp32; running fp32 (--amp-dtype bfloat16 forces bf16)")
+    return Precision(device.type, torch.bfloat16, None,
+                     f"--amp on {device.type}: using bfloat16 autocast (no fp16 scaler there)")
+
+
+def cpu_has_native_bf16() -> bool:
+    """True when this CPU runs bf16 matmuls natively (x86: AVX512-BF16 or AMX; other ISAs: assumed)."""
+    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
+        return True
+    probes = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    return any(probe() for probe in probes if probe is not None)
