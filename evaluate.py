@@ -68,34 +68,23 @@ def pick_device(name: str | None):
 
 
 def pick_amp_dtype(device, amp: bool, amp_dtype: str):
-    import torch
+    """The autocast dtype train.py would use (vitpose.engine.precision), or None for fp32."""
+    from vitpose.engine.precision import resolve_precision
 
-    if not amp:
-        return None
-    if device.type != "cuda":
-        return torch.bfloat16  # CPU autocast: bfloat16
-    if amp_dtype == "bfloat16" and not torch.cuda.is_bf16_supported():
-        return torch.float16
-    return {"float16": torch.float16, "bfloat16": torch.bfloat16}[amp_dtype]
+    precision = resolve_precision(device, amp, amp_dtype)
+    if precision.note:
+        print(precision.note)
+    return precision.dtype
 
 
 def resolve_boxes(args, cfg, root: Path) -> Path | None:
+    from vitpose.engine.builders import val_bbox_path
+
     if args.gt_boxes:
         return None
     if args.bbox_file is not None:
         return args.bbox_file
-    if cfg.data.val_bbox_file:
-        path = Path(cfg.data.val_bbox_file)
-        return path if path.is_absolute() else root / path
-    return None
-
-
-def build_model_from_config(cfg):
-    from vitpose.models import build_model
-
-    w, h = cfg.model.input_size
-    return build_model(cfg.model.name, cfg.model.decoder, cfg.model.num_keypoints,
-                       img_size=(h, w), **cfg.model.extra)
+    return val_bbox_path(cfg, root)
 
 
 def draw_examples(dataset, predictions, out_dir: Path, num_images: int, thr: float = 0.3) -> list[Path]:
@@ -130,8 +119,7 @@ def draw_examples(dataset, predictions, out_dir: Path, num_images: int, thr: flo
 def run(args) -> dict:
     from torch.utils.data import DataLoader
 
-    from vitpose.codecs.udp import UDPHeatmap
-    from vitpose.data.coco import CocoKeypoints
+    from vitpose.engine.builders import build_codec, build_model_from_config, build_val_set
     from vitpose.engine.config import load_config
     from vitpose.engine.evaluate import format_stats, predict
     from vitpose.evaluation.coco_evaluator import CocoEvaluator, save_predictions
@@ -152,14 +140,11 @@ def run(args) -> dict:
     evaluator = CocoEvaluator(ann_file, score_mode=cfg.eval.score_mode,
                               keypoint_score_thr=cfg.eval.keypoint_score_thr,
                               nms_mode=cfg.eval.nms_mode, nms_thr=cfg.eval.nms_thr)
-    dataset = CocoKeypoints(ann_file, root / cfg.data.val_images, train=False, bbox_file=bbox_file,
-                            input_size=cfg.model.input_size, heatmap_size=cfg.model.heatmap_size,
-                            sigma=cfg.model.sigma, bbox_score_thr=cfg.data.bbox_score_thr,
-                            num_keypoints=cfg.model.num_keypoints)
-    model = build_model_from_config(cfg)
+    dataset = build_val_set(cfg, root, bbox_file)
+    model = build_model_from_config(cfg.model)
     report = load_weights(model, args.checkpoint)
     model.to(device).eval()
-    codec = UDPHeatmap(cfg.model.input_size, cfg.model.heatmap_size, cfg.model.sigma)
+    codec = build_codec(cfg.model)
 
     rescoring = (f"bbox_score x mean(keypoint scores > {cfg.eval.keypoint_score_thr:g})"
                  if cfg.eval.score_mode == "bbox_keypoint" else "none (bbox score)")

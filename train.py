@@ -146,8 +146,6 @@ def train(cfg, config_path: Path, resume: str | None, stop) -> int:
     rank, world_size, device, is_main = ctx.rank, ctx.world_size, ctx.device, ctx.is_main
 
     # ---- data: check the files before anything heavy --------------------------------------
-    from vitpose.data.coco import CocoKeypoints
-
     if cfg.data.synthetic_train_images > 0:
         if is_main:
             ensure_synthetic_data(cfg)
@@ -172,36 +170,19 @@ def train(cfg, config_path: Path, resume: str | None, stop) -> int:
     np.random.seed(cfg.train.seed + rank)
     random.seed(cfg.train.seed + rank)
 
-    encode_on_device = cfg.loader.targets_on_device  # UDP heatmaps drawn on the device from keypoints
+    from vitpose.engine.builders import build_codec, build_model_from_config, build_train_set, build_val_set
+
     root = Path(cfg.data.root)
-    train_set = CocoKeypoints(
-        root / cfg.data.train_ann, root / cfg.data.train_images, train=True,
-        input_size=cfg.model.input_size, heatmap_size=cfg.model.heatmap_size, sigma=cfg.model.sigma,
-        seed=cfg.train.seed, encode_targets=not encode_on_device, max_bad_images=cfg.data.max_bad_images,
-        reduced_decode=cfg.data.reduced_decode, photometric=photometric_transforms(cfg.data.photometric),
-        crop_cache=root / cfg.data.crop_cache if cfg.data.crop_cache else None,
-        num_keypoints=cfg.model.num_keypoints,
-    )
-    val_set = CocoKeypoints(
-        root / cfg.data.val_ann, root / cfg.data.val_images, train=False,
-        bbox_file=root / cfg.data.val_bbox_file if cfg.data.val_bbox_file else None,
-        input_size=cfg.model.input_size, heatmap_size=cfg.model.heatmap_size, sigma=cfg.model.sigma,
-        bbox_score_thr=cfg.data.bbox_score_thr, num_keypoints=cfg.model.num_keypoints,
-    )
+    train_set = build_train_set(cfg)  # GT boxes, ViTPose augmentation; UDP targets drawn on the device
+    val_set = build_val_set(cfg)  # the configured detection boxes, or GT boxes
     from vitpose.data.loaders import build_loaders
 
     loaders = build_loaders(train_set, val_set, cfg.loader, seed=cfg.train.seed, rank=rank, world_size=world_size)
 
     # ---- model ----------------------------------------------------------------------------
-    from vitpose.models import build_model, load_weights
+    from vitpose.models import load_weights
 
-    w, h = cfg.model.input_size
-    model_kwargs = dict(img_size=(h, w), **cfg.model.extra)
-    if cfg.model.drop_path_rate is not None:
-        model_kwargs["drop_path_rate"] = cfg.model.drop_path_rate
-    model = build_model(cfg.model.name, cfg.model.decoder, cfg.model.num_keypoints, **model_kwargs)
-    if cfg.model.grad_checkpointing:
-        model.set_grad_checkpointing(True)
+    model = build_model_from_config(cfg.model)
     if cfg.model.pretrained:
         report = load_weights(model, cfg.model.pretrained, strict=False)
         if is_main:
@@ -263,12 +244,11 @@ def train(cfg, config_path: Path, resume: str | None, stop) -> int:
     steps_per_epoch = math.ceil(batches_per_epoch / accum)
     total_steps = steps_per_epoch * cfg.schedule.epochs
 
-    from vitpose.codecs.udp import UDPHeatmap
     from vitpose.engine.evaluate import predict
     from vitpose.engine.telemetry import Telemetry
     from vitpose.evaluation import CocoEvaluator
 
-    codec = UDPHeatmap(cfg.model.input_size, cfg.model.heatmap_size, cfg.model.sigma)
+    codec = build_codec(cfg.model)
     evaluator = CocoEvaluator(root / cfg.data.val_ann, score_mode=cfg.eval.score_mode,
                               keypoint_score_thr=cfg.eval.keypoint_score_thr, nms_mode=cfg.eval.nms_mode,
                               nms_thr=cfg.eval.nms_thr) if is_main else None
@@ -460,14 +440,6 @@ def ensure_synthetic_data(cfg) -> None:
     make_coco(root, want["train"], seed=want["seed"], split="train")
     make_coco(root, max(want["val"], 1), seed=want["seed"], split="val")
     stamp.write_text(json.dumps(want))
-
-
-def photometric_transforms(enabled: bool):
-    if not enabled:
-        return None
-    import albumentations as A
-
-    return [A.RandomBrightnessContrast(p=0.5), A.HueSaturationValue(p=0.3)]
 
 
 def warn_if_layout_changed(old: dict, cfg, world_size: int, is_main: bool) -> None:

@@ -115,6 +115,23 @@ class Predictor:
         self.batch_size = int(batch_size)
         self.flip_indices = flip_indices
 
+    @classmethod
+    def from_config(cls, config, checkpoint, **kwargs) -> Predictor:
+        """A Predictor for a training config (a YAML path or a `Config`) and a checkpoint of it.
+
+        The model and the codec are built exactly as `train.py` builds them, so this works for any
+        config, e.g. the demo's small ViT on 128x96 crops: `Predictor.from_config(
+        "configs/demo.yaml", "work_dirs/demo/best.pth")`. `kwargs` go to `Predictor`.
+        """
+        from vitpose.engine.builders import build_codec, build_model_from_config
+        from vitpose.engine.config import Config, load_config
+        from vitpose.models.checkpoint import load_weights
+
+        cfg = config if isinstance(config, Config) else load_config(config)
+        model = build_model_from_config(cfg.model)
+        load_weights(model, checkpoint)
+        return cls(model, codec=build_codec(cfg.model), **kwargs)
+
     def boxes_to_center_scale(self, boxes, box_format: str = "xyxy", image_shape=None):
         """(M, 4|5) boxes -> centre (M, 2), scale (M, 2) float32 (padding 1.25, before the aspect fix)."""
         if boxes is None:

@@ -129,17 +129,11 @@ def make_train_step(cfg, device):
     """One real training iteration of the configured model (as train.py runs it)."""
     import torch
 
+    from vitpose.engine.builders import build_model_from_config
     from vitpose.engine.precision import resolve_precision
     from vitpose.engine.trainer import forward_backward, is_finite, optimizer_step, prepare_batch
-    from vitpose.models import build_model
 
-    w, h = cfg.model.input_size
-    kwargs = dict(img_size=(h, w), **cfg.model.extra)
-    if cfg.model.drop_path_rate is not None:
-        kwargs["drop_path_rate"] = cfg.model.drop_path_rate
-    model = build_model(cfg.model.name, cfg.model.decoder, cfg.model.num_keypoints, **kwargs).to(device).train()
-    if cfg.model.grad_checkpointing:
-        model.set_grad_checkpointing(True)
+    model = build_model_from_config(cfg.model).to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     precision = resolve_precision(device, cfg.train.amp, cfg.train.amp_dtype)
 
@@ -318,21 +312,6 @@ def write_results(rows: list[Row], lines: list[str], out: Path) -> dict[str, Pat
 # Command line
 
 
-def build_train_set(cfg, root: Path):
-    """The configured training set under `root`, built as train.py builds it (less the optional
-    photometric stage, which train.py assembles itself)."""
-    from vitpose.data.coco import CocoKeypoints
-
-    return CocoKeypoints(
-        root / cfg.data.train_ann, root / cfg.data.train_images, train=True,
-        input_size=cfg.model.input_size, heatmap_size=cfg.model.heatmap_size, sigma=cfg.model.sigma,
-        seed=cfg.train.seed, encode_targets=not cfg.loader.targets_on_device,
-        max_bad_images=cfg.data.max_bad_images, reduced_decode=cfg.data.reduced_decode,
-        num_keypoints=cfg.model.num_keypoints,
-        crop_cache=root / cfg.data.crop_cache if cfg.data.crop_cache else None,
-    )
-
-
 def _ints(text: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
@@ -412,6 +391,8 @@ def main(argv=None) -> int:
             root = Path(tmp)
         else:
             root = Path(args.data_root or cfg.data.root)
+        from vitpose.engine.builders import build_train_set
+
         train_set = build_train_set(cfg, root)
         print(f"{len(train_set)} training instances; device {device}; sweeping workers {workers} x batch "
               f"{batch_sizes} x pin_memory {pins} x prefetch {prefetches}, {args.batches} batches each"

@@ -1,0 +1,74 @@
+"""Config -> objects: the model, the codec and the datasets, built the same way everywhere.
+
+`train.py`, `evaluate.py`, `python -m vitpose.tune` and `Predictor.from_config` all call these, so
+a config means the same network and the same crops in each of them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vitpose.codecs.udp import UDPHeatmap
+from vitpose.data.coco import CocoKeypoints
+from vitpose.engine.config import Config, DataConfig, ModelConfig
+from vitpose.models import build_model
+
+
+def build_model_from_config(model_cfg: ModelConfig):
+    """The ViTPose of `model.*` (input size, drop path, grad checkpointing, extra build kwargs)."""
+    w, h = model_cfg.input_size
+    kwargs = dict(img_size=(h, w), **model_cfg.extra)
+    if model_cfg.drop_path_rate is not None:
+        kwargs["drop_path_rate"] = model_cfg.drop_path_rate
+    model = build_model(model_cfg.name, model_cfg.decoder, model_cfg.num_keypoints, **kwargs)
+    if model_cfg.grad_checkpointing:
+        model.set_grad_checkpointing(True)
+    return model
+
+
+def build_codec(model_cfg: ModelConfig) -> UDPHeatmap:
+    return UDPHeatmap(model_cfg.input_size, model_cfg.heatmap_size, model_cfg.sigma)
+
+
+def photometric_transforms(data_cfg: DataConfig):
+    """The optional albumentations colour stage (`data.photometric`); the ViTPose recipe uses none."""
+    if not data_cfg.photometric:
+        return None
+    import albumentations as A
+
+    return [A.RandomBrightnessContrast(p=0.5), A.HueSaturationValue(p=0.3)]
+
+
+def build_train_set(cfg: Config, root: str | Path | None = None) -> CocoKeypoints:
+    """The training set: GT boxes, full ViTPose augmentation; targets on the device when configured."""
+    root = Path(cfg.data.root if root is None else root)
+    return CocoKeypoints(
+        root / cfg.data.train_ann, root / cfg.data.train_images, train=True,
+        input_size=cfg.model.input_size, heatmap_size=cfg.model.heatmap_size, sigma=cfg.model.sigma,
+        seed=cfg.train.seed, encode_targets=not cfg.loader.targets_on_device,
+        max_bad_images=cfg.data.max_bad_images, reduced_decode=cfg.data.reduced_decode,
+        photometric=photometric_transforms(cfg.data),
+        crop_cache=root / cfg.data.crop_cache if cfg.data.crop_cache else None,
+        num_keypoints=cfg.model.num_keypoints,
+    )
+
+
+def val_bbox_path(cfg: Config, root: str | Path | None = None) -> Path | None:
+    """The configured detection file (relative paths are under data.root), or None for GT boxes."""
+    if not cfg.data.val_bbox_file:
+        return None
+    path = Path(cfg.data.val_bbox_file)
+    return path if path.is_absolute() else Path(cfg.data.root if root is None else root) / path
+
+
+def build_val_set(cfg: Config, root: str | Path | None = None, bbox_file: str | Path | None = "config"
+                  ) -> CocoKeypoints:
+    """The validation set: detected boxes (`data.val_bbox_file`, or `bbox_file`) or GT boxes (None)."""
+    root = Path(cfg.data.root if root is None else root)
+    if isinstance(bbox_file, str) and bbox_file == "config":
+        bbox_file = val_bbox_path(cfg, root)
+    return CocoKeypoints(
+        root / cfg.data.val_ann, root / cfg.data.val_images, train=False, bbox_file=bbox_file,
+        input_size=cfg.model.input_size, heatmap_size=cfg.model.heatmap_size, sigma=cfg.model.sigma,
+        bbox_score_thr=cfg.data.bbox_score_thr, num_keypoints=cfg.model.num_keypoints,
+    )
