@@ -15,7 +15,7 @@ _LOCATIONS = {
 }
 __version__ = "0.1.0"
 _SUBPACKAGES = ("codecs", "data", "engine", "evaluation", "models")
-__all__ = sorted(_LOCATIONS)
+__all__ = [*_LOCATIONS, *_SUBPACKAGES]
 
 
 def __getattr__(name):

@@ -8,7 +8,7 @@ _LOCATIONS = {
     "udp_encode_torch": "vitpose.codecs.udp_torch",
     "flip_heatmaps": "vitpose.codecs.flip",
 }
-__all__ = sorted(_LOCATIONS)
+__all__ = [*_LOCATIONS]
 
 
 def __getattr__(name):

@@ -11,7 +11,7 @@ configs that train non-UDP models. Stride is exactly input / heatmap (4 for 192x
 
 import numpy as np
 
-from .udp import _as_numpy_float32, _check_keypoints, blur_heatmaps, heatmap_maximum, window_gaussian_heatmaps
+from .udp import _check_heatmaps, _check_keypoints, blur_heatmaps, heatmap_maximum, window_gaussian_heatmaps
 
 __all__ = ["MSRAHeatmap"]
 
@@ -132,22 +132,11 @@ class MSRAHeatmap:
 
     def decode(self, heatmaps):
         """heatmaps (K, H, W) -> keypoints (1, K, 2) float32 in input pixels, scores (1, K) float32."""
-        heatmaps = _as_numpy_float32(heatmaps)
-        if heatmaps.ndim != 3:
-            raise ValueError(f"{type(self).__name__}.decode: heatmaps must have shape (K, H, W), got {heatmaps.shape}")
-        return self.batch_decode(heatmaps[None])
+        return self.batch_decode(_check_heatmaps(self, heatmaps, batched=False)[None])
 
     def batch_decode(self, heatmaps):
         """heatmaps (B, K, H, W) -> keypoints (B, K, 2) float32 in input pixels, scores (B, K) float32."""
-        heatmaps = _as_numpy_float32(heatmaps)
-        if heatmaps.ndim != 4:
-            raise ValueError(
-                f"{type(self).__name__}.batch_decode: heatmaps must have shape (B, K, H, W), got {heatmaps.shape}")
-        W, H = self.heatmap_size
-        if heatmaps.shape[-2:] != (H, W):
-            raise ValueError(
-                f"{type(self).__name__}: heatmaps are {heatmaps.shape[-2:]} (H, W) but the codec "
-                f"expects {(H, W)} (heatmap_size={self.heatmap_size})")
+        heatmaps = _check_heatmaps(self, heatmaps, batched=True)
         locations, scores = heatmap_maximum(heatmaps)
         if self.unbiased:
             locations = _refine_dark(locations, heatmaps, self.blur_kernel_size)

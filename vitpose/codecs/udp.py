@@ -31,6 +31,21 @@ def _as_numpy_float32(heatmaps):
     return np.asarray(heatmaps, dtype=np.float32)
 
 
+def _check_heatmaps(codec, heatmaps, batched: bool):
+    """float32 numpy heatmaps of shape (B, K, H, W) (batched) or (K, H, W), matching the codec."""
+    heatmaps = _as_numpy_float32(heatmaps)
+    name = type(codec).__name__
+    if heatmaps.ndim != (4 if batched else 3):
+        shape = "(B, K, H, W)" if batched else "(K, H, W)"
+        method = "batch_decode" if batched else "decode"
+        raise ValueError(f"{name}.{method}: heatmaps must have shape {shape}, got {heatmaps.shape}")
+    W, H = codec.heatmap_size
+    if heatmaps.shape[-2:] != (H, W):
+        raise ValueError(f"{name}: heatmaps are {heatmaps.shape[-2:]} (H, W) but the codec expects {(H, W)} "
+                         f"(heatmap_size={codec.heatmap_size})")
+    return heatmaps
+
+
 def _check_keypoints(keypoints, keypoints_visible, codec_name):
     keypoints = np.asarray(keypoints)
     if keypoints.ndim != 3 or keypoints.shape[-1] != 2:
@@ -236,22 +251,12 @@ class UDPHeatmap:
 
     def decode(self, heatmaps):
         """heatmaps (K, H, W) -> keypoints (1, K, 2) float64 in input pixels, scores (1, K) float32."""
-        heatmaps = _as_numpy_float32(heatmaps)
-        if heatmaps.ndim != 3:
-            raise ValueError(f"{type(self).__name__}.decode: heatmaps must have shape (K, H, W), got {heatmaps.shape}")
-        return self.batch_decode(heatmaps[None])
+        return self.batch_decode(_check_heatmaps(self, heatmaps, batched=False)[None])
 
     def batch_decode(self, heatmaps):
         """heatmaps (B, K, H, W) -> keypoints (B, K, 2) float64 in input pixels, scores (B, K) float32."""
-        heatmaps = _as_numpy_float32(heatmaps)
-        if heatmaps.ndim != 4:
-            raise ValueError(
-                f"{type(self).__name__}.batch_decode: heatmaps must have shape (B, K, H, W), got {heatmaps.shape}")
+        heatmaps = _check_heatmaps(self, heatmaps, batched=True)
         W, H = self.heatmap_size
-        if heatmaps.shape[-2:] != (H, W):
-            raise ValueError(
-                f"{type(self).__name__}: heatmaps are {heatmaps.shape[-2:]} (H, W) but the codec "
-                f"expects {(H, W)} (heatmap_size={self.heatmap_size})")
         locations, scores = heatmap_maximum(heatmaps)
         locations = refine_dark_udp(locations, heatmaps, self.blur_kernel_size)
         # MMPose's output scale: x_hm / (W - 1) * w, computed in float64.

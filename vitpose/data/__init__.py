@@ -19,7 +19,7 @@ _LOCATIONS = {
     "to_device": "vitpose.data.loaders",
     "SyntheticCoco": "vitpose.data.synthetic",
 }
-__all__ = sorted(_LOCATIONS)
+__all__ = [*_LOCATIONS]
 
 
 def __getattr__(name):

@@ -11,14 +11,15 @@ so the flip can be folded into the warp and the decoder can skip resolution the 
 away (`source_matrix`, `choose_reduction`).
 """
 
+from statistics import NormalDist
+
 import cv2
 import numpy as np
-from scipy.special import ndtr, ndtri
 
 from ..coco_meta import FLIP_INDICES, LOWER_BODY_IDS, UPPER_BODY_IDS
 from .geometry import fix_aspect_ratio, get_udp_warp_matrix, transform_points
 
-_TRUNC_LOW, _TRUNC_HIGH = float(ndtr(-1.0)), float(ndtr(1.0))
+_NORMAL = NormalDist()  # the standard normal's CDF and inverse CDF, from the standard library
 
 
 def truncated_normal(rng: np.random.Generator, size, low: float = -1.0, high: float = 1.0):
@@ -26,8 +27,8 @@ def truncated_normal(rng: np.random.Generator, size, low: float = -1.0, high: fl
 
     Inverse-CDF sampling: one uniform draw per value, no rejection loop.
     """
-    lo, hi = (_TRUNC_LOW, _TRUNC_HIGH) if (low, high) == (-1.0, 1.0) else (ndtr(low), ndtr(high))
-    return ndtri(rng.uniform(lo, hi, size)).astype(np.float32)
+    u = rng.uniform(_NORMAL.cdf(low), _NORMAL.cdf(high), size)
+    return np.array([_NORMAL.inv_cdf(float(v)) for v in np.ravel(u)], np.float64).reshape(np.shape(u)).astype(np.float32)
 
 
 # ---------------------------------------------------------------------------------- flip

@@ -13,7 +13,7 @@ _LOCATIONS = {
     "Telemetry": "vitpose.engine.telemetry",
     "init_distributed": "vitpose.engine.distributed",
 }
-__all__ = sorted(_LOCATIONS)
+__all__ = [*_LOCATIONS]
 
 
 def __getattr__(name):

@@ -7,7 +7,7 @@ _LOCATIONS = {
     "oks_nms": "vitpose.evaluation.nms",
     "soft_oks_nms": "vitpose.evaluation.nms",
 }
-__all__ = sorted(_LOCATIONS)
+__all__ = [*_LOCATIONS]
 
 
 def __getattr__(name):

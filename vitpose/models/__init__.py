@@ -14,7 +14,7 @@ _LOCATIONS = {
     "save_weights": "vitpose.models.checkpoint",
     "convert_state_dict": "vitpose.models.checkpoint",
 }
-__all__ = sorted(_LOCATIONS)
+__all__ = [*_LOCATIONS]
 
 
 def __getattr__(name):
