@@ -10,10 +10,8 @@
 - Bad input reaches the user as one clear line.
 """
 
-import contextlib
 import copy
 import importlib.util
-import io
 import json
 import sys
 
@@ -21,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import REPO
+from test_metric import pycocotools_stats
 from weights_recipe import layout_weights
 
 import vitpose
@@ -262,19 +261,6 @@ def independent_protocol(predictions):
             results.append({"image_id": image_id, "category_id": 1, "keypoints": flat.ravel().tolist(),
                             "score": p["score"], "bbox": list(p["bbox"])})
     return results
-
-
-def pycocotools_stats(ann_file, results):
-    from pycocotools.coco import COCO
-    from pycocotools.cocoeval import COCOeval
-
-    with contextlib.redirect_stdout(io.StringIO()):
-        gt = COCO(str(ann_file))
-        ev = COCOeval(gt, gt.loadRes(copy.deepcopy(results)), iouType="keypoints")
-        ev.evaluate()
-        ev.accumulate()
-        ev.summarize()
-    return dict(zip(STAT_NAMES, ev.stats))
 
 
 @pytest.mark.parametrize("boxes", ["gt", "det"])

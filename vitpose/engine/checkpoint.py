@@ -31,39 +31,19 @@ from typing import Any
 import numpy as np
 import torch
 
-WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+from vitpose.engine.distributed import unwrap
+from vitpose.models.checkpoint import strip_wrapper_prefixes
+
 REQUIRED_KEYS = ("model", "optimizer", "epoch", "batch", "iteration")
 
 
-def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The plain model inside DDP and/or torch.compile wrappers."""
-    while True:
-        if hasattr(model, "_orig_mod"):  # torch.compile's OptimizedModule
-            model = model._orig_mod
-        elif isinstance(model, torch.nn.parallel.DistributedDataParallel) or (
-            type(model).__name__ == "DataParallel" and hasattr(model, "module")
-        ):
-            model = model.module
-        else:
-            return model
-
-
 def clean_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Strip leading wrapper prefixes (compile inside DDP gives `module._orig_mod.`)."""
-    out = {}
-    for key, value in state_dict.items():
-        stripped = True
-        while stripped:
-            stripped = False
-            for prefix in WRAPPER_PREFIXES:
-                if key.startswith(prefix):
-                    key, stripped = key[len(prefix):], True
-        out[key] = value
-    return out
+    """Strip wrapper prefixes (compile inside DDP gives `module._orig_mod.`)."""
+    return {strip_wrapper_prefixes(key): value for key, value in state_dict.items()}
 
 
 def model_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return clean_state_dict(unwrap_model(model).state_dict())
+    return clean_state_dict(unwrap(model).state_dict())
 
 
 # ---------------------------------------------------------------------------------------------

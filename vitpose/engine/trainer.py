@@ -15,7 +15,8 @@ import torch
 
 from vitpose.codecs.udp_torch import udp_encode_torch
 from vitpose.data.loaders import to_device
-from vitpose.engine.checkpoint import model_state_dict, rng_state, set_rng_state, unwrap_model
+from vitpose.engine.checkpoint import model_state_dict, rng_state, set_rng_state
+from vitpose.engine.distributed import unwrap
 from vitpose.engine.losses import KeypointMSELoss
 from vitpose.engine.precision import Precision
 from vitpose.engine.schedule import BASE_LR_KEY
@@ -126,7 +127,7 @@ def restore_checkpoint(checkpoint: dict, model, optimizer, precision: Precision,
     The optimizer groups keep the base LRs of the config in force (a resumed run may change
     the LR on purpose); their moments and step counts come from the checkpoint.
     """
-    unwrap_model(model).load_state_dict(checkpoint["model"])
+    unwrap(model).load_state_dict(checkpoint["model"])
     base_lrs = [g[BASE_LR_KEY] for g in optimizer.param_groups]
     optimizer.load_state_dict(checkpoint["optimizer"])
     for group, lr in zip(optimizer.param_groups, base_lrs):

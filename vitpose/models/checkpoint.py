@@ -38,6 +38,18 @@ EMBED_DIM_TO_SIZE = {384: "ViT-S", 768: "ViT-B", 1024: "ViT-L", 1280: "ViT-H"}
 WRAPPER_KEYS = ("state_dict", "model", "module")
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 
+
+def strip_wrapper_prefixes(name: str) -> str:
+    """A parameter name without DDP's `module.` and torch.compile's `_orig_mod.` (in any nesting)."""
+    changed = True
+    while changed:
+        changed = False
+        for prefix in WRAPPER_PREFIXES:
+            if name.startswith(prefix):
+                name, changed = name[len(prefix):], True
+        name = name.replace("._orig_mod.", ".")
+    return name
+
 # Backbone renames, applied to names without the `backbone.` prefix, first match wins.
 MMPOSE1X_BACKBONE = [
     (r"^patch_embed\.projection\.", "patch_embed.proj."),
@@ -114,13 +126,7 @@ def _unwrap(obj, origin):
     for name, value in obj.items():
         if not isinstance(name, str):
             raise CheckpointError(f"{origin}: key {name!r} is not a parameter name")
-        changed = True
-        while changed:
-            changed = False
-            for prefix in WRAPPER_PREFIXES:
-                if name.startswith(prefix):
-                    name, changed = name[len(prefix):], True
-            name = name.replace("._orig_mod.", ".")
+        name = strip_wrapper_prefixes(name)
         if isinstance(value, np.ndarray):
             value = torch.from_numpy(np.array(value, order="C"))  # a copy: keeps 0-d shapes, owns its memory
         elif not isinstance(value, torch.Tensor):
