@@ -78,7 +78,7 @@ def pick_amp_dtype(device, amp: bool, amp_dtype: str):
 
 
 def resolve_boxes(args, cfg, root: Path) -> Path | None:
-    from vitpose.engine.builders import val_bbox_path
+    from vitpose.builders import val_bbox_path
 
     if args.gt_boxes:
         return None
@@ -119,8 +119,8 @@ def draw_examples(dataset, predictions, out_dir: Path, num_images: int, thr: flo
 def run(args) -> dict:
     from torch.utils.data import DataLoader
 
-    from vitpose.engine.builders import build_codec, build_model_from_config, build_val_set
-    from vitpose.engine.config import load_config
+    from vitpose.builders import build_codec, build_model_from_config, build_val_set
+    from vitpose.config import load_config
     from vitpose.engine.evaluate import format_stats, predict
     from vitpose.evaluation.coco_evaluator import CocoEvaluator, save_predictions
     from vitpose.models import load_weights
@@ -192,8 +192,8 @@ def _after_protocol(evaluator, predictions):
 def main(argv=None) -> dict:
     args = parse_args(argv)
     # Errors about the user's files are printed as one line, without a traceback from deep inside.
+    from vitpose.config import ConfigError
     from vitpose.data.errors import DataError
-    from vitpose.engine.config import ConfigError
     from vitpose.evaluation.coco_evaluator import PredictionError
     from vitpose.models.checkpoint import CheckpointError
 

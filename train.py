@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
 
     # ---- config: file, then --set, then flags; any unknown key stops here -------------------
-    from vitpose.engine.config import ConfigError, load_config
+    from vitpose.config import ConfigError, load_config
 
     config_path = Path(args.config) if args.config else (DEMO_CONFIG if args.demo else DEFAULT_CONFIG)
     try:
@@ -170,7 +170,7 @@ def train(cfg, config_path: Path, resume: str | None, stop) -> int:
     np.random.seed(cfg.train.seed + rank)
     random.seed(cfg.train.seed + rank)
 
-    from vitpose.engine.builders import build_codec, build_model_from_config, build_train_set, build_val_set
+    from vitpose.builders import build_codec, build_model_from_config, build_train_set, build_val_set
 
     root = Path(cfg.data.root)
     train_set = build_train_set(cfg)  # GT boxes, ViTPose augmentation; UDP targets drawn on the device

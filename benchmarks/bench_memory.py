@@ -118,8 +118,8 @@ def run_child(args) -> dict:
 
     record("start")
     if args.child == "one-pool":
+        from vitpose.config import LoaderConfig
         from vitpose.data import build_loaders
-        from vitpose.engine.config import LoaderConfig
 
         cfg = LoaderConfig(batch_size=args.batch_size, val_batch_size=args.batch_size,
                            num_workers=args.workers, pin_memory=False, prefetch_factor=2)

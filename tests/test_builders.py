@@ -4,9 +4,9 @@ import numpy as np
 import torch
 
 from tests.conftest import REPO
-from vitpose.engine.builders import build_codec, build_model_from_config, build_train_set, build_val_set
+from vitpose.builders import build_codec, build_model_from_config, build_train_set, build_val_set
+from vitpose.config import load_config
 from vitpose.engine.checkpoint import save_checkpoint
-from vitpose.engine.config import load_config
 from vitpose.inference import Predictor
 
 

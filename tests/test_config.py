@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from vitpose.engine.config import ConfigError, load_config
+from vitpose.config import ConfigError, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))

@@ -9,8 +9,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 import train  # noqa: E402
+from vitpose.config import load_config  # noqa: E402
 from vitpose.engine.checkpoint import load_checkpoint  # noqa: E402
-from vitpose.engine.config import load_config  # noqa: E402
 
 
 @pytest.mark.slow

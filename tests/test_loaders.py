@@ -10,9 +10,9 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from vitpose.coco_meta import PIXEL_MEAN, PIXEL_STD
+from vitpose.config import LoaderConfig
 from vitpose.data import loaders as L
 from vitpose.data.loaders import batched, build_loaders, to_device, train_indices, val_indices
-from vitpose.engine.config import LoaderConfig
 
 
 class ToyPoses:
@@ -242,7 +242,7 @@ FORK_AFTER_CV2 = r"""
 import sys
 import cv2, numpy as np, torch
 from vitpose.data import loaders
-from vitpose.engine.config import LoaderConfig
+from vitpose.config import LoaderConfig
 
 if sys.argv[1] == "unguarded":
     import contextlib

@@ -123,8 +123,8 @@ class Predictor:
         config, e.g. the demo's small ViT on 128x96 crops: `Predictor.from_config(
         "configs/demo.yaml", "work_dirs/demo/best.pth")`. `kwargs` go to `Predictor`.
         """
-        from vitpose.engine.builders import build_codec, build_model_from_config
-        from vitpose.engine.config import Config, load_config
+        from vitpose.builders import build_codec, build_model_from_config
+        from vitpose.config import Config, load_config
         from vitpose.models.checkpoint import load_weights
 
         cfg = config if isinstance(config, Config) else load_config(config)

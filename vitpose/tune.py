@@ -129,7 +129,7 @@ def make_train_step(cfg, device):
     """One real training iteration of the configured model (as train.py runs it)."""
     import torch
 
-    from vitpose.engine.builders import build_model_from_config
+    from vitpose.builders import build_model_from_config
     from vitpose.engine.precision import resolve_precision
     from vitpose.engine.trainer import forward_backward, is_finite, optimizer_step, prepare_batch
 
@@ -361,7 +361,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
 
-    from vitpose.engine.config import load_config
+    from vitpose.config import load_config
 
     cfg = load_config(args.config, args.set)
     device_name = args.device or cfg.train.device
@@ -391,7 +391,7 @@ def main(argv=None) -> int:
             root = Path(tmp)
         else:
             root = Path(args.data_root or cfg.data.root)
-        from vitpose.engine.builders import build_train_set
+        from vitpose.builders import build_train_set
 
         train_set = build_train_set(cfg, root)
         print(f"{len(train_set)} training instances; device {device}; sweeping workers {workers} x batch "

@@ -374,7 +374,7 @@ def main(argv=None):
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                     help="override a config field (repeatable)")
     args = ap.parse_args(argv)
-    from ..engine.config import load_config
+    from ..config import load_config
     from .coco import CocoKeypoints
 
     cfg = load_config(args.config, args.set)

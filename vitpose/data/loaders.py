@@ -471,7 +471,7 @@ def build_loaders(train_set, val_set, loader_cfg, seed: int = 0, rank: int = 0, 
     """Loaders whose training and validation batches come from one persistent worker pool.
 
     train_set / val_set: datasets indexed by `(index, epoch)` (`CocoKeypoints`); either may be
-    None. loader_cfg: `vitpose.engine.config.LoaderConfig` (batch_size, val_batch_size,
+    None. loader_cfg: `vitpose.config.LoaderConfig` (batch_size, val_batch_size,
     num_workers (None: half the logical cores), pin_memory (used only when CUDA is available),
     prefetch_factor, drop_last). seed/rank/world_size: the shuffle seed and the
     DistributedSampler-style shard. available_ram: bytes, for tests (default: psutil's figure).

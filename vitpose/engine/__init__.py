@@ -5,9 +5,9 @@ import importlib
 _LOCATIONS = {
     "param_groups": "vitpose.engine.optim",
     "mmpose_name": "vitpose.engine.optim",
-    "load_config": "vitpose.engine.config",
-    "Config": "vitpose.engine.config",
-    "ConfigError": "vitpose.engine.config",
+    "load_config": "vitpose.config",
+    "Config": "vitpose.config",
+    "ConfigError": "vitpose.config",
     "predict": "vitpose.engine.evaluate",
     "evaluate_model": "vitpose.engine.evaluate",
     "Telemetry": "vitpose.engine.telemetry",

@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from vitpose.codecs.udp import UDPHeatmap
+from vitpose.config import Config, DataConfig, ModelConfig
 from vitpose.data.coco import CocoKeypoints
-from vitpose.engine.config import Config, DataConfig, ModelConfig
 from vitpose.models import build_model
 
 
