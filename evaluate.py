@@ -57,14 +57,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def pick_device(name: str | None):
-    import torch
+    from vitpose.device import resolve_device
 
-    if name in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"--device {name}: CUDA is not available on this machine")
-    return device
+    try:
+        return resolve_device(name)
+    except ValueError as e:
+        raise UsageError(f"--device: {e}") from None
 
 
 def pick_amp_dtype(device, amp: bool, amp_dtype: str):

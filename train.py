@@ -20,12 +20,12 @@ ignored. A non-finite loss skips its step; `train.max_nonfinite` in a row save a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import shlex
 import sys
-import time
 from pathlib import Path
 
 import yaml
@@ -135,258 +135,202 @@ def main(argv=None) -> int:
 
 
 def train(cfg, config_path: Path, resume: str | None, stop) -> int:
-    """One training run with a resolved config; returns the exit status."""
+    """One training run with a resolved config; returns the exit status.
+
+    Every resource the run opens (process group, worker pool, telemetry files) is registered with
+    one ExitStack, so it is released on every exit: a normal end, a stop, divergence or an exception.
+    """
     import torch
 
+    from vitpose.builders import build_codec, build_model_from_config, build_train_set, build_val_set
+    from vitpose.data.loaders import build_loaders
     from vitpose.engine import distributed as D
     from vitpose.engine import runtime
-
-    work_dir = Path(cfg.train.work_dir)
-    ctx = D.init_distributed(cfg.train.device)  # torchrun's environment, or a single process
-    rank, world_size, device, is_main = ctx.rank, ctx.world_size, ctx.device, ctx.is_main
-
-    # ---- data: check the files before anything heavy --------------------------------------
-    if cfg.data.synthetic_train_images > 0:
-        if is_main:
-            ensure_synthetic_data(cfg)
-        D.barrier(ctx)
-    missing = missing_data_files(cfg)
-    if missing:
-        if is_main:
-            print(missing_data_message(cfg, missing, config_path), file=sys.stderr)
-        return EXIT_USAGE
-
-    work_dir.mkdir(parents=True, exist_ok=True)
-    if is_main:
-        cfg.dump(work_dir / "config.yaml")
-        print(f"config {config_path} (resolved copy: {work_dir / 'config.yaml'}):")
-        print(yaml.safe_dump(cfg.to_dict(), sort_keys=False, default_flow_style=None), end="")
-
-    torch.manual_seed(cfg.train.seed + rank)
-    import random
-
-    import numpy as np
-
-    np.random.seed(cfg.train.seed + rank)
-    random.seed(cfg.train.seed + rank)
-
-    from vitpose.builders import build_codec, build_model_from_config, build_train_set, build_val_set
-
-    root = Path(cfg.data.root)
-    train_set = build_train_set(cfg)  # GT boxes, ViTPose augmentation; UDP targets drawn on the device
-    val_set = build_val_set(cfg)  # the configured detection boxes, or GT boxes
-    from vitpose.data.loaders import build_loaders
-
-    loaders = build_loaders(train_set, val_set, cfg.loader, seed=cfg.train.seed, rank=rank, world_size=world_size)
-
-    # ---- model ----------------------------------------------------------------------------
-    from vitpose.models import load_weights
-
-    model = build_model_from_config(cfg.model)
-    if cfg.model.pretrained:
-        report = load_weights(model, cfg.model.pretrained, strict=False)
-        if is_main:
-            print(f"initialised from {cfg.model.pretrained} ({report.layout} layout); "
-                  f"not in the file: {len(report.missing)} tensors (e.g. the head when it is an MAE backbone)")
-    model.to(device)
-    num_params = sum(p.numel() for p in model.parameters())
-
-    # ---- optimizer, schedule, precision -------------------------------------------------
-    from vitpose.engine.optim import param_groups
-    from vitpose.engine.precision import resolve_precision
-    from vitpose.engine.schedule import LRSchedule
-
-    lr = cfg.optim.lr
-    global_batch = cfg.loader.batch_size * world_size * cfg.optim.accum_steps
-    if cfg.optim.scale_lr:
-        lr = cfg.optim.lr * global_batch / cfg.optim.base_batch_size
-        if is_main:
-            print(f"linear LR scaling: lr {cfg.optim.lr:g} x global batch {global_batch} / "
-                  f"{cfg.optim.base_batch_size} = {lr:g}")
-    groups = param_groups(model, lr=lr, weight_decay=cfg.optim.weight_decay, layer_decay=cfg.optim.layer_decay)
-    optimizer = torch.optim.AdamW(groups, lr=lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay)
-    schedule = LRSchedule.from_config(optimizer, cfg.schedule)
-    precision = resolve_precision(device, cfg.train.amp, cfg.train.amp_dtype)
-    if precision.note and is_main:
-        print(precision.note)
-
-    # ---- resume -----------------------------------------------------------------------------
-    from vitpose.engine.checkpoint import find_resume_checkpoint, load_checkpoint, save_checkpoint
-    from vitpose.engine.trainer import (
-        TrainState,
-        checkpoint_payload,
-        forward_backward,
-        is_finite,
-        optimizer_step,
-        prepare_batch,
-        restore_checkpoint,
-    )
-
-    state = TrainState()
-    if resume:
-        found = find_resume_checkpoint(work_dir) if resume == "auto" else (Path(resume), load_checkpoint(resume))
-        if found is None:
-            print(f"--resume auto: no valid checkpoint in {work_dir}, starting from scratch")
-        else:
-            path, checkpoint = found
-            state = restore_checkpoint(checkpoint, model, optimizer, precision, restore_rng=world_size == 1)
-            if world_size > 1:  # each rank draws its own drop-path masks
-                torch.manual_seed(cfg.train.seed + rank + 1000 * state.iteration)
-            warn_if_layout_changed(checkpoint.get("config") or {}, cfg, world_size, is_main)
-            if is_main:
-                print(f"resumed from {path}: epoch {state.epoch}, batch {state.batch}, iteration {state.iteration}")
-
-    # ---- wrappers: compile, DDP ---------------------------------------------------------
-    train_model = D.wrap_model(torch.compile(model) if cfg.train.compile else model, ctx)
-
-    batches_per_epoch = loaders.train_batches_per_epoch
-    accum = cfg.optim.accum_steps
-    steps_per_epoch = math.ceil(batches_per_epoch / accum)
-    total_steps = steps_per_epoch * cfg.schedule.epochs
-
+    from vitpose.engine.checkpoint import save_checkpoint
     from vitpose.engine.evaluate import predict
+    from vitpose.engine.optim import build_optimizer
+    from vitpose.engine.precision import resolve_precision
     from vitpose.engine.telemetry import Telemetry
+    from vitpose.engine.trainer import EpochEnd, TrainRun, TrainState, checkpoint_payload, train_one_epoch
     from vitpose.evaluation import CocoEvaluator
 
-    codec = build_codec(cfg.model)
-    evaluator = CocoEvaluator(root / cfg.data.val_ann, score_mode=cfg.eval.score_mode,
-                              keypoint_score_thr=cfg.eval.keypoint_score_thr, nms_mode=cfg.eval.nms_mode,
-                              nms_thr=cfg.eval.nms_thr) if is_main else None
+    work_dir = Path(cfg.train.work_dir)
+    with contextlib.ExitStack() as closing:
+        ctx = D.init_distributed(cfg.train.device)  # torchrun's environment, or a single process
+        closing.callback(D.cleanup, ctx)
+        is_main = ctx.is_main
 
-    # Detached, stdout already is train.log, which Telemetry also writes: keep its terminal copy quiet.
-    quiet = open(os.devnull, "w") if runtime.is_detached() else None  # noqa: SIM115 (closed in finish)
-    telemetry = Telemetry(
-        work_dir, total_iters=total_steps, iters_per_epoch=steps_per_epoch, is_main=is_main,
-        log_every=cfg.train.log_every, tensorboard=cfg.train.tensorboard, device=device,
-        thermal_limit_c=cfg.train.thermal_limit_c, thermal_guard=cfg.train.thermal_guard,
-        stream=quiet,
-        num_workers=loaders.num_workers, world_size=world_size, config_path=str(config_path),
-    )
-    telemetry.message(
-        f"{cfg.model.name}-{cfg.model.decoder}: {num_params / 1e6:.2f} M parameters, {precision.name} on {device}, "
-        f"{world_size} process(es) x batch {cfg.loader.batch_size} x accum {accum}, "
-        f"{len(train_set)} training instances, {steps_per_epoch} steps/epoch, {loaders.num_workers} workers")
-
-    def save(name: str) -> Path:
-        payload = checkpoint_payload(model, optimizer, schedule, precision, state, cfg.to_dict())
-        return save_checkpoint(payload, work_dir / name)
-
-    def validate() -> float:
-        """COCO AP of the plain model on the validation set (all ranks predict, rank 0 scores)."""
-        predictions = predict(model, loaders.val(), codec, flip_test=cfg.eval.flip_test, device=device,
-                              amp_dtype=precision.dtype)
-        predictions = D.gather_objects(predictions, ctx)
-        ap = None
+        # ---- data: the files, then the datasets and ONE worker pool for training and validation
+        if cfg.data.synthetic_train_images > 0:
+            if is_main:
+                ensure_synthetic_data(cfg)
+            D.barrier(ctx)
+        missing = missing_data_files(cfg)
+        if missing:
+            if is_main:
+                print(missing_data_message(cfg, missing, config_path), file=sys.stderr)
+            return EXIT_USAGE
+        work_dir.mkdir(parents=True, exist_ok=True)
         if is_main:
-            stats = evaluator.evaluate(predictions)
-            telemetry.log_eval(state.epoch - 1, max(state.iteration - 1, 0), stats)
-            ap = float(stats["AP"])
-        return D.broadcast_object(ap, ctx)
+            cfg.dump(work_dir / "config.yaml")
+            print(f"config {config_path} (resolved copy: {work_dir / 'config.yaml'}):")
+            print(yaml.safe_dump(cfg.to_dict(), sort_keys=False, default_flow_style=None), end="")
+        seed_everything(cfg.train.seed + ctx.rank)
+        train_set = build_train_set(cfg)  # GT boxes, ViTPose augmentation; UDP targets drawn on the device
+        val_set = build_val_set(cfg)  # the configured detection boxes, or GT boxes
+        loaders = closing.enter_context(build_loaders(train_set, val_set, cfg.loader, seed=cfg.train.seed,
+                                                      rank=ctx.rank, world_size=ctx.world_size))
 
-    def finish(code: int) -> int:
-        telemetry.close()
-        loaders.close()
-        D.cleanup(ctx)
-        if quiet is not None:
-            quiet.close()
-        return code
+        # ---- model, optimizer (layer decay + warmup/step schedule), precision
+        model = build_model_from_config(cfg.model)
+        if cfg.model.pretrained:
+            load_pretrained(model, cfg.model.pretrained, is_main)
+        model.to(ctx.device)
+        accum = cfg.optim.accum_steps
+        global_batch = cfg.loader.batch_size * ctx.world_size * accum
+        optimizer, schedule = build_optimizer(model, cfg.optim, cfg.schedule, global_batch)
+        if cfg.optim.scale_lr and is_main:
+            print(f"linear LR scaling: lr {cfg.optim.lr:g} x global batch {global_batch} / "
+                  f"{cfg.optim.base_batch_size} = {optimizer.param_groups[-1]['lr']:g}")
+        precision = resolve_precision(ctx.device, cfg.train.amp, cfg.train.amp_dtype)
+        if precision.note and is_main:
+            print(precision.note)
 
-    # ---- the loop -----------------------------------------------------------------------
-    last_save = time.monotonic()
-    model.train()
-    for epoch in range(state.epoch, cfg.schedule.epochs):
-        state.epoch = epoch
-        micro, loss_sum, samples = 0, 0.0, 0
-        t0 = time.perf_counter()
-        data_time = 0.0
-        for batch in loaders.train(epoch, start_batch=state.batch):
-            data_time += time.perf_counter() - t0
-            images, heatmaps, weights = prepare_batch(batch, device, cfg.model.input_size,
-                                                      cfg.model.heatmap_size, cfg.model.sigma)
-            if micro == 0:
-                schedule.step(state.iteration, epoch)
-            last_micro = micro + 1 == accum or state.batch + 1 == batches_per_epoch
-            with D.no_sync(train_model, enabled=not last_micro):
-                loss = forward_backward(train_model, images, heatmaps, weights, precision, accum)
-            loss_sum = loss_sum + loss
-            samples += images.shape[0] * world_size
-            state.batch += 1
-            micro += 1
-            if not last_micro:
-                t0 = time.perf_counter()
-                continue
+        # ---- resume: the position, weights, moments and random streams of a checkpoint
+        state = TrainState()
+        if resume:
+            state = resume_from(resume, work_dir, cfg, model, optimizer, precision, ctx)
+        run = TrainRun(model, D.wrap_model(torch.compile(model) if cfg.train.compile else model, ctx),
+                       optimizer, schedule, precision, ctx, state)
 
-            # One optimizer step; agree across ranks on a non-finite loss and on a stop request.
-            loss_mean = loss_sum / micro
-            nonfinite, stop_now = D.any_rank([not is_finite(loss_mean), stop.requested], ctx)
-            grad_norm, _ = optimizer_step(model, optimizer, precision, cfg.optim.clip_grad,
-                                                loss_finite=not nonfinite)
-            lr_now = optimizer.param_groups[-1]["lr"]
-            telemetry.log_step(state.iteration, epoch, loss_mean, lr_now, samples,
-                               time.perf_counter() - t0, data_time, extra={"grad_norm": grad_norm})
-            state.iteration += 1
-            micro, loss_sum, samples, data_time = 0, 0.0, 0, 0.0
+        # ---- reporting and scoring
+        batches_per_epoch = loaders.train_batches_per_epoch
+        steps_per_epoch = math.ceil(batches_per_epoch / accum)
+        # Detached, stdout already is train.log, which Telemetry also writes: keep its terminal copy quiet.
+        quiet = closing.enter_context(open(os.devnull, "w")) if runtime.is_detached() else None
+        telemetry = closing.enter_context(Telemetry(
+            work_dir, total_iters=steps_per_epoch * cfg.schedule.epochs, iters_per_epoch=steps_per_epoch,
+            is_main=is_main, log_every=cfg.train.log_every, tensorboard=cfg.train.tensorboard, device=ctx.device,
+            thermal_limit_c=cfg.train.thermal_limit_c, thermal_guard=cfg.train.thermal_guard, stream=quiet,
+            num_workers=loaders.num_workers, world_size=ctx.world_size, config_path=str(config_path)))
+        telemetry.message(
+            f"{cfg.model.name}-{cfg.model.decoder}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M "
+            f"parameters, {precision.name} on {ctx.device}, {ctx.world_size} process(es) x batch "
+            f"{cfg.loader.batch_size} x accum {accum}, {len(train_set)} training instances, "
+            f"{steps_per_epoch} steps/epoch, {loaders.num_workers} workers")
+        codec = build_codec(cfg.model)
+        evaluator = CocoEvaluator(Path(cfg.data.root) / cfg.data.val_ann, score_mode=cfg.eval.score_mode,
+                                  keypoint_score_thr=cfg.eval.keypoint_score_thr, nms_mode=cfg.eval.nms_mode,
+                                  nms_thr=cfg.eval.nms_thr) if is_main else None
 
-            if nonfinite:
-                state.nonfinite_in_row += 1
-                telemetry.message(f"non-finite loss at iteration {state.iteration - 1} (epoch {epoch}, "
-                                  f"batch {state.batch - 1}): step skipped ({state.nonfinite_in_row} in a row)")
-                if state.nonfinite_in_row >= cfg.train.max_nonfinite:
-                    if is_main:
-                        path = save("last.pth")
-                    telemetry.message(
-                        f"stopping: {state.nonfinite_in_row} non-finite losses in a row (train.max_nonfinite). "
-                        f"The weights are unchanged since the last finite step and saved in {work_dir / 'last.pth'}. "
-                        f"Lower optim.lr, keep optim.clip_grad, or try --amp-dtype bfloat16 / no --amp.")
-                    return finish(EXIT_NONFINITE)
-            else:
-                state.nonfinite_in_row = 0
+        def save(name: str) -> Path | None:
+            """Checkpoint the run as it stands now (main process only)."""
+            if not is_main:
+                return None
+            payload = checkpoint_payload(model, optimizer, schedule, precision, state, cfg.to_dict())
+            return save_checkpoint(payload, work_dir / name)
 
-            stop_at = cfg.train.stop_at_iteration
-            if stop_now or (stop_at is not None and state.iteration >= stop_at):
-                reason = stop.signal_name or ("a signal on another rank" if stop_now else "train.stop_at_iteration")
-                if state.batch == batches_per_epoch:  # stopped on an epoch's last step
-                    state.epoch, state.batch = epoch + 1, 0
-                if is_main:
-                    path = save("last.pth")
-                    telemetry.message(f"stopped by {reason} at epoch {state.epoch}, batch {state.batch}, "
-                                      f"iteration {state.iteration}; saved {path}. Continue with --resume auto.")
-                return finish(EXIT_OK)
-            if cfg.train.checkpoint_minutes > 0 and time.monotonic() - last_save > 60 * cfg.train.checkpoint_minutes:
-                if is_main:
-                    save("last.pth")
-                last_save = time.monotonic()
-            t0 = time.perf_counter()
+        def validate() -> float:
+            """COCO AP of the plain model on the validation set (all ranks predict, rank 0 scores)."""
+            predictions = predict(model, loaders.val(), codec, flip_test=cfg.eval.flip_test, device=ctx.device,
+                                  amp_dtype=precision.dtype)
+            predictions = D.gather_objects(predictions, ctx)
+            ap = None
+            if is_main:
+                stats = evaluator.evaluate(predictions)
+                telemetry.log_eval(state.epoch - 1, max(state.iteration - 1, 0), stats)
+                ap = float(stats["AP"])
+            return D.broadcast_object(ap, ctx)
 
-        # ---- end of epoch: buffers, validation, checkpoints -----------------------------
-        state.epoch, state.batch = epoch + 1, 0
-        D.sync_buffers(model, ctx)
-        done = state.epoch
-        improved = False
-        if done % cfg.train.val_every == 0 or done == cfg.schedule.epochs:
-            ap = validate()
-            if state.best_ap is None or ap > state.best_ap:
-                state.best_ap, state.best_epoch, improved = ap, done, True
-            telemetry.message(f"epoch {done}: AP {ap:.4f} (best {state.best_ap:.4f} at epoch {state.best_epoch})")
-        if is_main:
+        # ---- the epoch loop: train, then validation and checkpoints at the epoch's end
+        for epoch in range(state.epoch, cfg.schedule.epochs):
+            end = train_one_epoch(run, loaders.train(epoch, start_batch=state.batch), epoch, cfg,
+                                  batches_per_epoch, telemetry, stop, save_last=lambda: save("last.pth"))
+            if end is EpochEnd.DIVERGED:
+                save("last.pth")
+                telemetry.message(
+                    f"stopping: {state.nonfinite_in_row} non-finite losses in a row (train.max_nonfinite). "
+                    f"The weights are unchanged since the last finite step and saved in {work_dir / 'last.pth'}. "
+                    f"Lower optim.lr, keep optim.clip_grad, or try --amp-dtype bfloat16 / no --amp.")
+                return EXIT_NONFINITE
+            if end is EpochEnd.STOPPED:
+                path = save("last.pth")
+                reason = stop.signal_name or ("train.stop_at_iteration" if not stop.requested else "a signal")
+                telemetry.message(f"stopped by {reason} at epoch {state.epoch}, batch {state.batch}, "
+                                  f"iteration {state.iteration}; saved {path}. Continue with --resume auto.")
+                return EXIT_OK
+
+            # ---- end of epoch: BN buffers agree across ranks, validation, checkpoints
+            D.sync_buffers(model, ctx)
+            done, improved = state.epoch, False
+            if done % cfg.train.val_every == 0 or done == cfg.schedule.epochs:
+                ap = validate()
+                if state.best_ap is None or ap > state.best_ap:
+                    state.best_ap, state.best_epoch, improved = ap, done, True
+                telemetry.message(f"epoch {done}: AP {ap:.4f} (best {state.best_ap:.4f} at epoch {state.best_epoch})")
             save("last.pth")
             if improved:
                 save("best.pth")
             if cfg.train.keep_every > 0 and done % cfg.train.keep_every == 0:
                 save(f"epoch_{done}.pth")
-        last_save = time.monotonic()
-        if D.any_rank([stop.requested], ctx)[0] and done < cfg.schedule.epochs:  # e.g. during validation
-            telemetry.message(f"stopped by {stop.signal_name or 'a signal on another rank'} after epoch {done}; "
-                              f"saved {work_dir / 'last.pth'}. Continue with --resume auto.")
-            return finish(EXIT_OK)
+            if D.any_rank([stop.requested], ctx)[0] and done < cfg.schedule.epochs:  # e.g. during validation
+                telemetry.message(f"stopped by {stop.signal_name or 'a signal on another rank'} after epoch {done}; "
+                                  f"saved {work_dir / 'last.pth'}. Continue with --resume auto.")
+                return EXIT_OK
 
-    telemetry.message(f"done: {state.iteration} iterations; best AP {state.best_ap} at epoch {state.best_epoch}; "
-                      f"checkpoints in {work_dir}")
-    return finish(EXIT_OK)
+        telemetry.message(f"done: {state.iteration} iterations; best AP {state.best_ap} at epoch {state.best_epoch}; "
+                          f"checkpoints in {work_dir}")
+        return EXIT_OK
 
 
 # ---------------------------------------------------------------------------------------------
 # Helpers kept out of the way of the main story
+
+
+def seed_everything(seed: int) -> None:
+    """Seed torch, numpy's and Python's global generators (drop path; augmentation has its own)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+def load_pretrained(model, source: str, is_main: bool) -> None:
+    """Initialise from `model.pretrained` (any layout load_weights reads; a missing head is fine)."""
+    from vitpose.models import load_weights
+
+    report = load_weights(model, source, strict=False)
+    if is_main:
+        print(f"initialised from {source} ({report.layout} layout); "
+              f"not in the file: {len(report.missing)} tensors (e.g. the head when it is an MAE backbone)")
+
+
+def resume_from(resume: str, work_dir: Path, cfg, model, optimizer, precision, ctx):
+    """The TrainState of the checkpoint named by `--resume` (auto: the newest valid one in the
+    work dir; a fresh TrainState when there is none), with everything else loaded into the run."""
+    import torch
+
+    from vitpose.engine.checkpoint import find_resume_checkpoint, load_checkpoint
+    from vitpose.engine.trainer import TrainState, restore_checkpoint
+
+    found = find_resume_checkpoint(work_dir) if resume == "auto" else (Path(resume), load_checkpoint(resume))
+    if found is None:
+        print(f"--resume auto: no valid checkpoint in {work_dir}, starting from scratch")
+        return TrainState()
+    path, checkpoint = found
+    # With several processes each rank draws its own drop-path masks, so the saved (rank 0)
+    # random state is not restored; each rank reseeds from the position instead.
+    state = restore_checkpoint(checkpoint, model, optimizer, precision, restore_rng=ctx.world_size == 1)
+    if ctx.world_size > 1:
+        torch.manual_seed(cfg.train.seed + ctx.rank + 1000 * state.iteration)
+    warn_if_layout_changed(checkpoint.get("config") or {}, cfg, ctx.world_size, ctx.is_main)
+    if ctx.is_main:
+        print(f"resumed from {path}: epoch {state.epoch}, batch {state.batch}, iteration {state.iteration}")
+    return state
 
 
 def _run_foreground(command: list[str]) -> int:

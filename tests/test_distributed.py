@@ -17,10 +17,10 @@ from vitpose.engine.distributed import (
     init_distributed,
     no_sync,
     sync_buffers,
-    unwrap,
     wrap_model,
 )
 from vitpose.models import build_model
+from vitpose.models.checkpoint import unwrap_model as unwrap
 
 WORLD = 2
 PER_RANK = 2  # samples per rank; the global batch is WORLD * PER_RANK

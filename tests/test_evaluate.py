@@ -29,7 +29,7 @@ from vitpose.data.coco import CocoKeypoints
 from vitpose.engine.evaluate import evaluate_model, predict
 from vitpose.evaluation import CocoEvaluator
 from vitpose.evaluation.coco_evaluator import STAT_NAMES, load_predictions
-from vitpose.inference import forward_heatmaps
+from vitpose.topdown import forward_heatmaps
 
 INSTANCE, IMAGE = 437295, 197388
 TINY = {"depth": 1, "embed_dim": 96, "num_heads": 3, "deconv_channels": (32, 32)}

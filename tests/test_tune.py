@@ -82,3 +82,32 @@ def test_tiny_sweep_with_training_steps(tmp_path):
     for r in rows:
         assert float(r["step_sps"]) > 0 and 0.0 <= float(r["data_wait"]) <= 1.0
     assert last.startswith(("loader-bound", "GPU-bound"))
+
+
+def test_tune_train_step_uses_the_training_optimizer_and_schedule():
+    """The tuning step is train.py's step: layer-decay groups and the warmup schedule, not plain AdamW."""
+    import torch
+
+    from tests.conftest import REPO
+    from vitpose.builders import build_model_from_config
+    from vitpose.config import load_config
+    from vitpose.engine.optim import param_groups
+    from vitpose.engine.schedule import lr_factor
+    from vitpose.tune import make_train_step
+
+    cfg = load_config(REPO / "configs" / "demo.yaml", ["model.extra={embed_dim: 32, depth: 2, num_heads: 2, "
+                                                       "deconv_channels: [16, 16]}"])
+    step = make_train_step(cfg, torch.device("cpu"))
+    expected = param_groups(build_model_from_config(cfg.model), lr=cfg.optim.lr,
+                            weight_decay=cfg.optim.weight_decay, layer_decay=cfg.optim.layer_decay)
+    got = step.optimizer.param_groups
+    assert len(got) == len(expected) > 2
+    w, h = cfg.model.input_size
+    batch = {"image": torch.randint(0, 255, (2, 3, h, w), dtype=torch.uint8),
+             "keypoints": torch.rand(2, 17, 2) * torch.tensor([w, h]), "keypoints_visible": torch.ones(2, 17)}
+    step(batch)
+    factor = lr_factor(0, 0, cfg.schedule.warmup_iters, cfg.schedule.warmup_ratio, cfg.schedule.milestones,
+                       cfg.schedule.gamma)
+    for g, e in zip(got, expected):
+        assert g["weight_decay"] == e["weight_decay"]
+        assert g["lr"] == pytest.approx(e["lr"] * factor, rel=1e-12)

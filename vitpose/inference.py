@@ -3,70 +3,25 @@
 The same steps as evaluation (and as MMPose's `inference_topdown` with a ViTPose config):
 box -> centre and scale (padding 1.25) -> aspect fix to the input's w/h -> UDP warp of the uint8
 image with OpenCV -> normalise -> model (with the flip test) -> UDP decode -> image pixels.
-The helpers `normalize`, `forward_heatmaps` and `heatmaps_to_keypoints` are what the evaluation
-loop (`vitpose.engine.evaluate.predict`) runs too, so the two paths cannot drift apart.
+The model and decoding steps are `vitpose.topdown`'s, which the evaluation loop
+(`vitpose.engine.evaluate.predict`) runs too, so the two paths cannot drift apart.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from vitpose.coco_meta import PIXEL_MEAN, PIXEL_STD
 from vitpose.codecs.udp import UDPHeatmap
-from vitpose.data.geometry import bbox_xyxy2cs, crop_to_image
+from vitpose.data.geometry import bbox_xyxy2cs
 from vitpose.data.transforms import topdown_affine
-from vitpose.models.vitpose import flip_test as run_flip_test
+from vitpose.device import resolve_device
+from vitpose.topdown import forward_heatmaps, heatmaps_to_keypoints
 
-__all__ = ["Predictor", "forward_heatmaps", "heatmaps_to_keypoints", "normalize"]
-
-
-def normalize(images: torch.Tensor) -> torch.Tensor:
-    """uint8 RGB (N, 3, H, W) -> float32 (x - mean) / std on the 0-255 scale, on the images' device."""
-    if images.dtype != torch.uint8:
-        raise TypeError(f"expected uint8 RGB crops (N, 3, H, W), got dtype {images.dtype}")
-    if images.ndim != 4 or images.shape[1] != 3:
-        raise ValueError(f"expected uint8 RGB crops (N, 3, H, W), got shape {tuple(images.shape)}")
-    mean = torch.tensor(PIXEL_MEAN, dtype=torch.float32, device=images.device).view(1, 3, 1, 1)
-    std = torch.tensor(PIXEL_STD, dtype=torch.float32, device=images.device).view(1, 3, 1, 1)
-    return (images.float() - mean) / std
-
-
-def forward_heatmaps(model, images: torch.Tensor, flip_test: bool = True, amp_dtype=None,
-                     flip_indices: Sequence[int] | None = None) -> torch.Tensor:
-    """Heatmaps (N, K, H, W) float32 of uint8 RGB crops that are already on the model's device.
-
-    With `flip_test` the crops and their mirrors go through the model as ONE batch of 2N; the
-    mirrored heatmaps are flipped back and averaged (`vitpose.flip_test`: MMPose's heatmap mode,
-    no 1-px shift). `amp_dtype` (torch.bfloat16 / torch.float16) runs the model under autocast.
-    """
-    x = normalize(images)
-    autocast = (torch.autocast(x.device.type, dtype=amp_dtype) if amp_dtype is not None
-                else contextlib.nullcontext())
-    with autocast:
-        heatmaps = run_flip_test(model, x, flip_indices) if flip_test else model(x)
-    return heatmaps.float()
-
-
-def heatmaps_to_keypoints(heatmaps, center, scale, codec) -> tuple[np.ndarray, np.ndarray]:
-    """Decode heatmaps (B, K, H, W) and map them to image pixels.
-
-    center, scale (B, 2): the crop box (aspect-fixed scale). Returns keypoints (B, K, 2) float64
-    and scores (B, K) float32: `x_img = x_in / w * S_w + c_x - S_w / 2` (MMPose's top-down
-    estimator; with the UDP decode this is the official UDP mapping).
-    """
-    if isinstance(heatmaps, torch.Tensor):
-        heatmaps = heatmaps.detach().float().cpu().numpy()
-    keypoints, scores = codec.batch_decode(heatmaps)
-    return crop_to_image(keypoints, np.asarray(center), np.asarray(scale), codec.input_size), scores
-
-
-def _default_device():
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+__all__ = ["Predictor"]
 
 
 class Predictor:
@@ -77,7 +32,7 @@ class Predictor:
             layout `vitpose.load_weights` reads (then `model_name`/`decoder` say what to build).
         model_name: "vitpose-s" | "vitpose-b" | "vitpose-l" | "vitpose-h" (checkpoint paths only).
         decoder: "classic" | "simple" (checkpoint paths only).
-        device: where the model runs; default CUDA when available, else CPU.
+        device: where the model runs ("auto"/None: CUDA when available, else CPU).
         flip_test: average with the mirrored crop (on by default, as in ViTPose's evaluation).
         codec: the heatmap codec (default: `UDPHeatmap()`, 192x256 input, 48x64 heatmaps).
         amp_dtype: torch.bfloat16 / torch.float16 to run under autocast; None = float32.
@@ -107,7 +62,7 @@ class Predictor:
             load_weights(model, path)
         elif not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module or a checkpoint path, got {type(model).__name__}")
-        self.device = torch.device(device) if device is not None else _default_device()
+        self.device = resolve_device(device)
         self.model = model.to(self.device).eval()
         self.codec = codec if codec is not None else UDPHeatmap()
         self.flip_test = bool(flip_test)

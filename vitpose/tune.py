@@ -125,25 +125,34 @@ def measure(loaders, device, batches: int, warmup: int, step=None, progress=None
     return {"samples": samples, "sps": samples / elapsed, "data_wait": wait / elapsed, "peak_pss": peak}
 
 
-def make_train_step(cfg, device):
-    """One real training iteration of the configured model (as train.py runs it)."""
-    import torch
+def make_train_step(cfg, device, batch_size: int | None = None):
+    """One real training iteration of the configured model, as train.py runs it: the same
+    optimizer builder (layer-decay groups, warmup + step schedule), precision and step pieces.
 
+    batch_size: the per-process batch the sweep measures (the global batch for LR scaling).
+    """
     from vitpose.builders import build_model_from_config
+    from vitpose.engine.optim import build_optimizer
     from vitpose.engine.precision import resolve_precision
     from vitpose.engine.trainer import forward_backward, is_finite, optimizer_step, prepare_batch
 
     model = build_model_from_config(cfg.model).to(device).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+    global_batch = (batch_size or cfg.loader.batch_size) * cfg.optim.accum_steps
+    optimizer, schedule = build_optimizer(model, cfg.optim, cfg.schedule, global_batch)
     precision = resolve_precision(device, cfg.train.amp, cfg.train.amp_dtype)
+    iteration = 0
 
     def step(batch):
+        nonlocal iteration
+        schedule.step(iteration, epoch=0)
         images, heatmaps, weights = prepare_batch(batch, device, cfg.model.input_size, cfg.model.heatmap_size,
                                                   cfg.model.sigma)
         loss = forward_backward(model, images, heatmaps, weights, precision)
         # is_finite reads the loss on the host each step, as train.py does.
         optimizer_step(model, optimizer, precision, cfg.optim.clip_grad, loss_finite=is_finite(loss))
+        iteration += 1
 
+    step.optimizer, step.schedule = optimizer, schedule  # what a test (or a curious user) inspects
     return step
 
 
@@ -359,15 +368,15 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    import torch
 
     from vitpose.config import load_config
+    from vitpose.device import resolve_device
 
     cfg = load_config(args.config, args.set)
-    device_name = args.device or cfg.train.device
-    if device_name == "auto":
-        device_name = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(device_name)
+    try:
+        device = resolve_device(args.device or cfg.train.device)
+    except ValueError as e:
+        raise SystemExit(f"--device: {e}") from None
     use_steps = args.steps if args.steps is not None else device.type == "cuda"
     if min(args.prefetch or [cfg.loader.prefetch_factor]) < 1:
         raise SystemExit("--prefetch: values must be >= 1")

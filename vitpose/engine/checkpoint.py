@@ -10,6 +10,7 @@ objects), so `torch.load(path, weights_only=True)` reads it:
     epoch        0-based epoch the next step belongs to
     batch        batches of that epoch already trained (0 at an epoch boundary)
     iteration    optimizer steps done so far
+    nonfinite_in_row  non-finite losses in a row before this point (train.max_nonfinite)
     rng          torch CPU/CUDA states as uint8 tensors; numpy and Python states as tensors
     config       the resolved run config (plain dict)
     best_ap      best validation AP so far (or None), best_epoch
@@ -31,8 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from vitpose.engine.distributed import unwrap
-from vitpose.models.checkpoint import strip_wrapper_prefixes
+from vitpose.models.checkpoint import strip_wrapper_prefixes, unwrap_model
 
 REQUIRED_KEYS = ("model", "optimizer", "epoch", "batch", "iteration")
 
@@ -43,7 +43,7 @@ def clean_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Ten
 
 
 def model_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return clean_state_dict(unwrap(model).state_dict())
+    return clean_state_dict(unwrap_model(model).state_dict())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,6 +23,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from vitpose.device import resolve_device
+from vitpose.models.checkpoint import unwrap_model
+
 
 @dataclass(frozen=True)
 class DistContext:
@@ -38,22 +41,15 @@ class DistContext:
         return self.world_size > 1
 
 
-def _resolve_device(device: str | torch.device, local_rank: int, launched: bool) -> torch.device:
-    device = str(device)
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
+def _process_device(device: str | torch.device, local_rank: int, launched: bool) -> torch.device:
+    """The configured device, with torchrun's LOCAL_RANK choosing the GPU of each process."""
+    if launched and str(device) in ("auto", "cuda") and torch.cuda.is_available():
+        device = f"cuda:{local_rank}"  # one GPU per process
+    dev = resolve_device(device)
+    if launched and dev.type == "cuda" and dev.index != local_rank:
+        raise ValueError(f"device {str(device)!r} conflicts with torchrun's LOCAL_RANK={local_rank}; "
+                         "use device 'cuda' or 'auto' under torchrun")
     if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError(f"device {device!r} was asked for but CUDA is not available")
-        if launched:
-            # One GPU per process: torchrun's LOCAL_RANK picks it.
-            if dev.index is not None and dev.index != local_rank:
-                raise ValueError(f"device {device!r} conflicts with torchrun's LOCAL_RANK={local_rank}; "
-                                 "use device 'cuda' or 'auto' under torchrun")
-            dev = torch.device("cuda", local_rank)
-        elif dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(dev)
     return dev
 
@@ -64,7 +60,7 @@ def init_distributed(device: str | torch.device = "auto") -> DistContext:
     rank = int(os.environ.get("RANK", "0")) if launched else 0
     world_size = int(os.environ.get("WORLD_SIZE", "1")) if launched else 1
     local_rank = int(os.environ.get("LOCAL_RANK", rank)) if launched else 0
-    dev = _resolve_device(device, local_rank, launched)
+    dev = _process_device(device, local_rank, launched)
     if world_size == 1:
         return DistContext(device=dev)
     backend = "nccl" if dev.type == "cuda" else "gloo"
@@ -88,17 +84,6 @@ def wrap_model(model: nn.Module, ctx: DistContext) -> nn.Module:
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=False,
                                    broadcast_buffers=False, gradient_as_bucket_view=True)
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The plain model inside DDP and torch.compile wrappers, in any nesting."""
-    while True:
-        if isinstance(model, DistributedDataParallel):
-            model = model.module
-        elif hasattr(model, "_orig_mod"):  # torch.compile's OptimizedModule
-            model = model._orig_mod
-        else:
-            return model
 
 
 def no_sync(model: nn.Module, enabled: bool = True):
@@ -133,7 +118,7 @@ def sync_buffers(model: nn.Module, ctx: DistContext) -> None:
     if not ctx.distributed:
         return
     groups: dict[tuple, list[torch.Tensor]] = {}
-    for buf in unwrap(model).buffers():
+    for buf in unwrap_model(model).buffers():
         if buf.is_floating_point():
             groups.setdefault((buf.dtype, buf.device), []).append(buf)
     for bufs in groups.values():

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from vitpose.evaluation.coco_evaluator import STAT_NAMES
-from vitpose.inference import forward_heatmaps, heatmaps_to_keypoints
+from vitpose.topdown import forward_heatmaps, heatmaps_to_keypoints
 
 
 def _numpy(value, dtype=None) -> np.ndarray:

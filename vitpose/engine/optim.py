@@ -7,10 +7,14 @@ Weight decay is 0 for 1-D parameters, names ending in `.bias` and names containi
 
 import re
 
+import torch
+
+from vitpose.engine.schedule import LRSchedule
+from vitpose.models.checkpoint import strip_wrapper_prefixes, unwrap_model
+
 # SPEC.md §1.1: layer_decay_rate of each size's config.
 LAYER_DECAY = {"vitpose-s": 0.8, "vitpose-b": 0.75, "vitpose-l": 0.8, "vitpose-h": 0.85}
 
-_WRAPPERS = re.compile(r"^((module|_orig_mod)\.)+")
 _BLOCK = re.compile(r"^(?:backbone\.)?blocks\.(\d+)\.")
 _STEM = re.compile(r"^(?:backbone\.)?(pos_embed|patch_embed\.|cls_token|mask_token)")
 
@@ -29,7 +33,7 @@ _TO_MMPOSE = [
 def mmpose_name(name):
     """This project's parameter name -> MMPose 1.x's (e.g. backbone.blocks.0.mlp.fc1.weight ->
     backbone.layers.0.ffn.layers.0.0.weight). Head names are the same in both."""
-    name = _WRAPPERS.sub("", name)
+    name = strip_wrapper_prefixes(name)
     for pattern, repl in _TO_MMPOSE:
         new, n = re.subn(pattern, repl, name)
         if n:
@@ -38,7 +42,7 @@ def mmpose_name(name):
 
 
 def layer_id(name, num_layers):
-    name = _WRAPPERS.sub("", name)
+    name = strip_wrapper_prefixes(name)
     if _STEM.match(name):
         return 0
     m = _BLOCK.match(name)
@@ -48,8 +52,7 @@ def layer_id(name, num_layers):
 
 
 def _depth(model):
-    model = getattr(model, "module", model)
-    model = getattr(model, "_orig_mod", model)
+    model = unwrap_model(model)
     backbone = getattr(model, "backbone", model)
     return len(backbone.blocks)
 
@@ -57,8 +60,8 @@ def _depth(model):
 def param_groups(model, lr=5e-4, weight_decay=0.1, layer_decay=0.8):
     """AdamW parameter groups, one per (layer, decay/no-decay), with per-layer lr.
 
-    Each group carries `lr`, `weight_decay`, `layer_id`, `lr_scale` (so a scheduler can set
-    `group["lr"] = base * group["lr_scale"] * factor`) and `param_names`.
+    Each group carries `lr`, `weight_decay`, `layer_id` and `param_names`; `LRSchedule` keeps
+    each group's `lr` as its base and multiplies it by the schedule's factor.
     """
     num_layers = _depth(model) + 2
     groups = {}
@@ -74,7 +77,6 @@ def param_groups(model, lr=5e-4, weight_decay=0.1, layer_decay=0.8):
                 "params": [],
                 "param_names": [],
                 "lr": scale * lr,
-                "lr_scale": scale,
                 "weight_decay": 0.0 if no_decay else weight_decay,
                 "layer_id": lid,
             }
@@ -83,4 +85,23 @@ def param_groups(model, lr=5e-4, weight_decay=0.1, layer_decay=0.8):
     return [groups[k] for k in sorted(groups)]
 
 
-__all__ = ["LAYER_DECAY", "layer_id", "mmpose_name", "param_groups"]
+def base_lr(optim_cfg, global_batch: int) -> float:
+    """The configured lr, linearly scaled by global batch / base_batch_size when `optim.scale_lr`."""
+    if not optim_cfg.scale_lr:
+        return optim_cfg.lr
+    return optim_cfg.lr * global_batch / optim_cfg.base_batch_size
+
+
+def build_optimizer(model, optim_cfg, schedule_cfg, global_batch: int) -> tuple[torch.optim.AdamW, LRSchedule]:
+    """AdamW over the layer-decay groups of `model` and the warmup + step schedule that drives it.
+
+    One builder for train.py and `vitpose.tune`, so a tuning run's step is the training step.
+    global_batch: samples per optimizer step over all processes (batch x processes x accum_steps).
+    """
+    lr = base_lr(optim_cfg, global_batch)
+    groups = param_groups(model, lr=lr, weight_decay=optim_cfg.weight_decay, layer_decay=optim_cfg.layer_decay)
+    optimizer = torch.optim.AdamW(groups, lr=lr, betas=tuple(optim_cfg.betas), weight_decay=optim_cfg.weight_decay)
+    return optimizer, LRSchedule.from_config(optimizer, schedule_cfg)
+
+
+__all__ = ["LAYER_DECAY", "base_lr", "build_optimizer", "layer_id", "mmpose_name", "param_groups"]

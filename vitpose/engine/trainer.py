@@ -1,25 +1,31 @@
-"""The pieces of one training iteration and of the run's resumable state.
+"""One epoch of training, the pieces of one iteration, and the run's resumable state.
 
-`train.py` reads top to bottom and calls these: `prepare_batch` (uint8 crops -> normalised
-float on the device, heatmap targets encoded on the device), `forward_backward` (autocast
-forward, fp32 loss, scaled backward), `optimizer_step` (unscale, clip, step, with non-finite
-handling), and `TrainState` / `checkpoint_payload` / `restore_checkpoint` for exact resume.
+`train.py` keeps the run (setup, the epoch loop, validation, checkpoint decisions) and calls
+`train_one_epoch`, which reads top to bottom: for each batch `prepare_batch` (uint8 crops ->
+normalised float on the device, heatmap targets encoded on the device), `forward_backward`
+(autocast forward, fp32 loss, scaled backward), and after the last micro-batch of an optimizer
+step `optimizer_step` (unscale, clip, step, with non-finite handling), telemetry, and the checks
+for a stop request. `TrainState` / `checkpoint_payload` / `restore_checkpoint` make resume exact.
 """
 
 from __future__ import annotations
 
+import enum
 import math
-from dataclasses import asdict, dataclass
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, fields
 
 import torch
 
 from vitpose.codecs.udp_torch import udp_encode_torch
 from vitpose.data.loaders import to_device
+from vitpose.engine import distributed as D
 from vitpose.engine.checkpoint import model_state_dict, rng_state, set_rng_state
-from vitpose.engine.distributed import unwrap
 from vitpose.engine.losses import KeypointMSELoss
 from vitpose.engine.precision import Precision
-from vitpose.engine.schedule import BASE_LR_KEY
+from vitpose.engine.schedule import BASE_LR_KEY, LRSchedule
+from vitpose.models.checkpoint import unwrap_model
 
 keypoint_mse_loss = KeypointMSELoss(use_target_weight=True)
 
@@ -33,7 +39,30 @@ class TrainState:
     iteration: int = 0
     best_ap: float | None = None
     best_epoch: int | None = None
-    nonfinite_in_row: int = 0
+    nonfinite_in_row: int = 0  # survives a resume: a run that keeps diverging stops after N in all
+
+
+class EpochEnd(enum.Enum):
+    """How `train_one_epoch` returned."""
+
+    COMPLETED = "completed"  # every batch of the epoch was trained
+    STOPPED = "stopped"  # a signal or train.stop_at_iteration: the caller saves and exits 0
+    DIVERGED = "diverged"  # train.max_nonfinite non-finite losses in a row
+
+
+@dataclass
+class TrainRun:
+    """What one training run steps: the plain model (checkpoints, clipping), the model the
+    batches go through (torch.compile / DDP around the same parameters), the optimizer and its
+    schedule, the precision, the process group and the position in the run."""
+
+    model: torch.nn.Module
+    train_model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    schedule: LRSchedule
+    precision: Precision
+    ctx: D.DistContext
+    state: TrainState
 
 
 # ---------------------------------------------------------------------------------------------
@@ -99,24 +128,105 @@ def is_finite(value: torch.Tensor) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
+# One epoch
+
+
+def train_one_epoch(run: TrainRun, batches: Iterable[dict], epoch: int, cfg, batches_per_epoch: int,
+                    telemetry, stop, save_last: Callable[[], object]) -> EpochEnd:
+    """Train on `batches` (the rest of epoch `epoch`) and advance `run.state`.
+
+    Args:
+        run: the run's model, optimizer, schedule, precision, process group and position.
+        batches: the epoch's batches from `run.state.batch` on (`Loaders.train(epoch, start)`).
+        cfg: the resolved `Config` (model sizes, optim, train sections are read).
+        batches_per_epoch: all batches of a full epoch on this rank (the last one ends a step).
+        telemetry: receives one `log_step` per optimizer step and the messages.
+        stop: a `runtime.StopFlag`, polled after every optimizer step (on all ranks together).
+        save_last: writes the resume checkpoint (`last.pth`) on the main process; called for the
+            periodic save (`train.checkpoint_minutes`). Stopping saves are the caller's.
+    Returns how the epoch ended; `run.state` says where (a completed epoch leaves
+    `state.epoch = epoch + 1, state.batch = 0`).
+    """
+    state, ctx, world_size = run.state, run.ctx, run.ctx.world_size
+    accum = cfg.optim.accum_steps
+    model_cfg = cfg.model
+    last_save = time.monotonic()
+    micro, loss_sum, samples, data_time = 0, 0.0, 0, 0.0
+    t0 = time.perf_counter()
+    for batch in batches:
+        # ---- micro-batch: targets on the device, forward, backward (no all-reduce until the last)
+        data_time += time.perf_counter() - t0
+        images, heatmaps, weights = prepare_batch(batch, ctx.device, model_cfg.input_size,
+                                                  model_cfg.heatmap_size, model_cfg.sigma)
+        if micro == 0:
+            run.schedule.step(state.iteration, epoch)
+        last_micro = micro + 1 == accum or state.batch + 1 == batches_per_epoch
+        with D.no_sync(run.train_model, enabled=not last_micro):
+            loss = forward_backward(run.train_model, images, heatmaps, weights, run.precision, accum)
+        loss_sum = loss_sum + loss
+        samples += images.shape[0] * world_size
+        state.batch += 1
+        micro += 1
+        if not last_micro:
+            t0 = time.perf_counter()
+            continue
+
+        # ---- optimizer step; all ranks agree on a non-finite loss and on a stop request
+        loss_mean = loss_sum / micro
+        nonfinite, stop_now = D.any_rank([not is_finite(loss_mean), stop.requested], ctx)
+        grad_norm, _ = optimizer_step(run.model, run.optimizer, run.precision, cfg.optim.clip_grad,
+                                      loss_finite=not nonfinite)
+        telemetry.log_step(state.iteration, epoch, loss_mean, run.optimizer.param_groups[-1]["lr"], samples,
+                           time.perf_counter() - t0, data_time, extra={"grad_norm": grad_norm})
+        state.iteration += 1
+        micro, loss_sum, samples, data_time = 0, 0.0, 0, 0.0
+
+        # ---- non-finite losses: skip the step; too many in a row end the run
+        if nonfinite:
+            state.nonfinite_in_row += 1
+            telemetry.message(f"non-finite loss at iteration {state.iteration - 1} (epoch {epoch}, "
+                              f"batch {state.batch - 1}): step skipped ({state.nonfinite_in_row} in a row)")
+            if state.nonfinite_in_row >= cfg.train.max_nonfinite:
+                return EpochEnd.DIVERGED
+        else:
+            state.nonfinite_in_row = 0
+
+        # ---- a stop request, or the configured last iteration
+        stop_at = cfg.train.stop_at_iteration
+        if stop_now or (stop_at is not None and state.iteration >= stop_at):
+            if state.batch == batches_per_epoch:  # stopped on the epoch's last step
+                state.epoch, state.batch = epoch + 1, 0
+            return EpochEnd.STOPPED
+
+        # ---- the periodic resume point
+        if cfg.train.checkpoint_minutes > 0 and time.monotonic() - last_save > 60 * cfg.train.checkpoint_minutes:
+            save_last()
+            last_save = time.monotonic()
+        t0 = time.perf_counter()
+
+    state.epoch, state.batch = epoch + 1, 0
+    return EpochEnd.COMPLETED
+
+
+# ---------------------------------------------------------------------------------------------
 # Checkpoint payload and restore
 
 
 def checkpoint_payload(model, optimizer, schedule, precision: Precision, state: TrainState,
                        config: dict) -> dict:
+    """Everything a resume needs, as tensors and plain values (see vitpose/engine/checkpoint.py).
+
+    The position fields of `TrainState` (epoch, batch, iteration, best_ap, best_epoch,
+    nonfinite_in_row) are stored once, at the top level.
+    """
     return {
         "model": model_state_dict(model),
         "optimizer": optimizer.state_dict(),
         "scheduler": schedule.state_dict(),
         "scaler": precision.scaler.state_dict() if precision.scaler is not None else None,
-        "epoch": state.epoch,
-        "batch": state.batch,
-        "iteration": state.iteration,
-        "best_ap": state.best_ap,
-        "best_epoch": state.best_epoch,
+        **{f.name: getattr(state, f.name) for f in fields(TrainState)},
         "rng": rng_state(),
         "config": config,
-        "train_state": asdict(state),
     }
 
 
@@ -127,7 +237,7 @@ def restore_checkpoint(checkpoint: dict, model, optimizer, precision: Precision,
     The optimizer groups keep the base LRs of the config in force (a resumed run may change
     the LR on purpose); their moments and step counts come from the checkpoint.
     """
-    unwrap(model).load_state_dict(checkpoint["model"])
+    unwrap_model(model).load_state_dict(checkpoint["model"])
     base_lrs = [g[BASE_LR_KEY] for g in optimizer.param_groups]
     optimizer.load_state_dict(checkpoint["optimizer"])
     for group, lr in zip(optimizer.param_groups, base_lrs):
@@ -136,10 +246,5 @@ def restore_checkpoint(checkpoint: dict, model, optimizer, precision: Precision,
         precision.scaler.load_state_dict(checkpoint["scaler"])
     if restore_rng and checkpoint.get("rng") is not None:
         set_rng_state(checkpoint["rng"])
-    return TrainState(
-        epoch=int(checkpoint["epoch"]),
-        batch=int(checkpoint["batch"]),
-        iteration=int(checkpoint["iteration"]),
-        best_ap=checkpoint.get("best_ap"),
-        best_epoch=checkpoint.get("best_epoch"),
-    )
+    defaults = TrainState()
+    return TrainState(**{f.name: checkpoint.get(f.name, getattr(defaults, f.name)) for f in fields(TrainState)})

@@ -50,6 +50,20 @@ def strip_wrapper_prefixes(name: str) -> str:
         name = name.replace("._orig_mod.", ".")
     return name
 
+def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The plain model inside DDP (`.module`) and torch.compile (`._orig_mod`) wrappers, in any
+    nesting: the module whose parameter names carry none of the prefixes above."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    while True:
+        if isinstance(model, DistributedDataParallel):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):  # torch.compile
+            model = model._orig_mod
+        else:
+            return model
+
+
 # Backbone renames, applied to names without the `backbone.` prefix, first match wins.
 MMPOSE1X_BACKBONE = [
     (r"^patch_embed\.projection\.", "patch_embed.proj."),

@@ -1,0 +1,108 @@
+"""One-way layers: every import inside vitpose/ goes down the layer table of ARCHITECTURE.md.
+
+The table is read from ARCHITECTURE.md itself (its `layer N name modules...` lines), so the document
+and the code cannot disagree: a module missing from the table, or an import that goes up or
+sideways (e.g. data -> engine, engine -> inference, models -> data), fails here.
+"""
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "vitpose"
+
+
+def layer_table() -> dict[str, int]:
+    """ARCHITECTURE.md's `layer N  name  vitpose.a vitpose.b ...` lines -> {unit: N}."""
+    table = {}
+    for line in (REPO / "ARCHITECTURE.md").read_text().splitlines():
+        m = re.match(r"^layer (\d+)\s+\S+\s+(vitpose\..*)$", line.strip())
+        if m:
+            for unit in m.group(2).split():
+                assert unit not in table, f"{unit} is listed twice in ARCHITECTURE.md"
+                table[unit] = int(m.group(1))
+    assert table, "ARCHITECTURE.md has no layer table"
+    return table
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def unit_of(module: str, table: dict[str, int]) -> str | None:
+    """The table entry a module belongs to (the longest listed prefix), or None."""
+    best = None
+    for unit in table:
+        if (module == unit or module.startswith(unit + ".")) and (best is None or len(unit) > len(best)):
+            best = unit
+    return best
+
+
+def _is_module(name: str) -> bool:
+    path = PACKAGE.parent / name.replace(".", "/")
+    return path.is_dir() or path.with_suffix(".py").is_file()
+
+
+def imports_of(path: Path, module: str | None = None) -> list[tuple[int, str]]:
+    """Every vitpose module `path` imports (module level and inside functions), with line numbers.
+
+    module: the file's dotted name (default: from its place under the repository)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = (module or module_name(path)).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.append((node.lineno, target))
+            # `from vitpose import engine` imports a subpackage
+            found += [(node.lineno, f"{target}.{alias.name}") for alias in node.names
+                      if _is_module(f"{target}.{alias.name}")]
+    return [(line, name) for line, name in found if name == "vitpose" or name.startswith("vitpose.")]
+
+
+MODULES = sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_every_module_has_a_layer():
+    table = layer_table()
+    missing = [module_name(p) for p in MODULES if p != PACKAGE / "__init__.py"
+               and unit_of(module_name(p), table) is None]
+    assert not missing, f"modules not in ARCHITECTURE.md's layer table: {missing}"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(REPO)))
+def test_imports_only_go_down(path):
+    if path == PACKAGE / "__init__.py":
+        return  # the lazy public-name table of `import vitpose` (strings, not imports)
+    table = layer_table()
+    here = unit_of(module_name(path), table)
+    bad = []
+    for line, target in imports_of(path):
+        there = unit_of(target, table)
+        if there is None or there == here:
+            continue  # `vitpose` itself (lazy names) or the module's own unit
+        if table[there] >= table[here]:
+            bad.append(f"line {line}: {target} ({there}, layer {table[there]})")
+    assert not bad, f"{module_name(path)} ({here}, layer {table[here]}) imports upward or sideways: {bad}"
+
+
+def test_the_checker_sees_an_upward_import(tmp_path):
+    """The walker resolves relative and in-function imports (else the test above proves nothing)."""
+    sample = tmp_path / "probe.py"
+    sample.write_text("def f():\n    from ..engine import trainer\n    from vitpose.inference import Predictor\n")
+    names = [name for _, name in imports_of(sample, module="vitpose.data.probe")]
+    table = layer_table()
+    assert table[unit_of("vitpose.data.probe", table)] < table[unit_of(names[0], table)]
+    assert "vitpose.engine" in names and "vitpose.engine.trainer" in names and "vitpose.inference" in names
