@@ -5,7 +5,7 @@
     python evaluate.py --checkpoint ckpt.pth --gt-boxes                  # ground-truth person boxes
     python evaluate.py --checkpoint ckpt.pth --bbox-file dets.json --no-flip-test --vis vis/
 
-The protocol is MMPose's CocoMetric with the ViTPose settings (SPEC.md §7): person boxes from the
+The protocol is MMPose's CocoMetric with the ViTPose settings (docs/evaluation.md): person boxes from the
 detection file the config names (COCO_val2017_detections_AP_H_56_person.json, all scores kept)
 or the GT boxes, UDP crops, flip test, rescoring bbox_score x mean(keypoint scores > 0.2),
 OKS-NMS at 0.9, then COCOeval (keypoints). It prints the ten COCO stats and writes the raw

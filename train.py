@@ -7,7 +7,7 @@
     torchrun --nproc_per_node 8 train.py --amp              # several GPUs (NCCL) or processes (gloo)
     python train.py --detach --nproc-per-node 8 --amp       # the same, surviving a closed terminal
 
-The recipe is MMPose's ViTPose recipe (SPEC.md §6): AdamW with layer-wise LR decay, linear warmup
+The recipe is MMPose's ViTPose recipe (docs/recipe.md): AdamW with layer-wise LR decay, linear warmup
 over 500 iterations, x0.1 after epochs 170 and 200, gradient clipping at 1.0, MSE heatmap loss on
 UDP targets. Everything a run does is in this file, top to bottom; the pieces live in
 vitpose/engine (config, schedule, trainer, checkpoint, runtime, telemetry) and vitpose/data.

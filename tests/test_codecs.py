@@ -10,7 +10,7 @@ from vitpose.codecs import MSRAHeatmap, UDPHeatmap, flip_heatmaps, udp_encode_to
 
 INPUT_SIZE, HEATMAP_SIZE = (192, 256), (48, 64)
 # Pure noise has a flat log landscape where one-ulp differences in the blur (another OpenCV
-# build) move the Newton step visibly: compared loosely, as fixtures/README.md section 3 says.
+# build) move the Newton step visibly: compared loosely, as tests/fixtures/README.md §3 says.
 SENSITIVE_ATOL = 1.0
 
 

@@ -13,7 +13,7 @@ import train
 
 CONFIGS = REPO / "configs"
 
-# SPEC §1.1: layer decay and drop path per size.
+# docs/model.md §1.1: layer decay and drop path per size.
 SIZES = {"s": (0.8, 0.1), "b": (0.75, 0.3), "l": (0.8, 0.5), "h": (0.85, 0.55)}
 
 

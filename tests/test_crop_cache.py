@@ -65,7 +65,7 @@ def test_synthetic_crops_are_bit_exact(synth):
     _assert_same_samples(exact, cached, range(6))
 
 
-# The augmentation limits (SPEC.md section 5.3, MMPose's defaults), written out so that the
+# The augmentation limits (docs/data.md §5.5, MMPose's defaults), written out so that the
 # tests do not trust the module's own reading of them.
 LIMITS = {"shift_factor": 0.16, "max_scale_factor": 1.5, "half_body_padding": 1.5, "half_body_min_keypoints": 9}
 # The rotated crop box (3:4) reaches furthest in x at atan(4/3) = 53.13 deg and in y at 36.87 deg.

@@ -79,7 +79,7 @@ def test_udp_warp_matrix_analytic():
     corners = np.array([[225.0, 100.0], [375.0, 300.0], [300.0, 200.0]])
     # the box spans exactly [0, w-1] x [0, h-1] of the crop; its centre lands on ((w-1)/2, (h-1)/2)
     np.testing.assert_allclose(transform_points(corners, m), [[0, 0], [191, 255], [95.5, 127.5]], atol=1e-4)
-    # SPEC 5.4: y' = sy * (sin(r) (x - cx) + cos(r) (y - cy) + S_h / 2); at r = 90 degrees a
+    # docs/data.md §6.1: y' = sy * (sin(r) (x - cx) + cos(r) (y - cy) + S_h / 2); at r = 90 degrees a
     # point 10 px right of the centre lands 10 * sy below the crop centre.
     m90 = get_udp_warp_matrix(center, scale, 90.0, INPUT_SIZE)
     moved = transform_points(np.array([[310.0, 200.0]]), m90)[0]

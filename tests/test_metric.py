@@ -30,7 +30,7 @@ def evaluator(ann_file):
 
 
 def to_predictions(scenario, with_bbox=True):
-    """metric.json's prediction records -> CONTRACT prediction dicts (scores float32 like a model's)."""
+    """metric.json's prediction records -> prediction dicts of docs/evaluation.md §3 (scores float32 like a model's)."""
     preds = []
     for p in scenario["predictions"]:
         pred = {"id": p["id"], "image_id": p["img_id"], "keypoints": np.asarray(p["keypoints"], np.float32),

@@ -9,7 +9,7 @@ from vitpose.models.checkpoint import load_weights, save_weights
 from vitpose.models.vit import resize_pos_embed
 from vitpose.models.vitpose import MODEL_SIZES, build_model, flip_test
 
-# SPEC.md §8.3 (millions), counted with the official 193-row pos_embed: this model keeps 192
+# docs/model.md §4 (millions), counted with the official 193-row pos_embed: this model keeps 192
 # rows, i.e. C fewer parameters (well inside the 0.1% tolerance).
 PARAMS_M = {
     "vitpose-s": (21.66, 24.29, 21.72),

@@ -11,7 +11,7 @@ from vitpose.data import transforms as T
 from vitpose.data.coco import CocoKeypoints
 
 # The fixture crops were made with OpenCV 4.10; every 4.x reproduces them, 5.0 rounds uint8
-# warpAffine differently (SPEC.md, "OpenCV version matters for crops").
+# warpAffine differently (docs/data.md §6.3).
 needs_opencv4 = pytest.mark.skipif(int(cv2.__version__.split(".")[0]) != 4,
                                    reason=f"exact crops need OpenCV 4.x, found {cv2.__version__}")
 

@@ -19,7 +19,7 @@ def first_iteration_of(epoch_1based):
 
 
 def expected_factor(iteration, epoch_1based):
-    # SPEC §6 written out: warmup 0.001 -> 1 over 500 iterations; epochs 1-170 x1, 171-200 x0.1,
+    # docs/recipe.md §3 written out: warmup 0.001 -> 1 over 500 iterations; epochs 1-170 x1, 171-200 x0.1,
     # 201-210 x0.01.
     warm = 0.001 + 0.999 * iteration / 500 if iteration < 500 else 1.0
     decay = 1.0 if epoch_1based <= 170 else 0.1 if epoch_1based <= 200 else 0.01

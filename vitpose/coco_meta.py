@@ -1,7 +1,7 @@
 """COCO-17 keypoint facts shared by every layer (no imports, no behaviour).
 
 Order and values follow MMPose's `configs/_base_/datasets/coco.py` and the COCO annotation
-files; SPEC.md §5.4 and §7 give the sources.
+files; docs/data.md §8 gives the sources.
 """
 
 KEYPOINT_NAMES = (

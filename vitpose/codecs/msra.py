@@ -1,6 +1,6 @@
 """MSRA heatmap codec (Xiao et al., "Simple Baselines", 2018), plain and DARK, as MMPose 1.x runs it.
 
-Not used by ViTPose (which uses UDP); kept as the contrast case of SPEC.md section 4.2 and for
+Not used by ViTPose (which uses UDP); kept as the contrast case of docs/data.md §7.4 and for
 configs that train non-UDP models. Stride is exactly input / heatmap (4 for 192x256 -> 48x64).
 
 * plain (unbiased=False): Gaussian centred on the integer cell int(x / 4 + 0.5); decode = argmax

@@ -1,7 +1,7 @@
 """UDP heatmap codec (Huang et al., "The Devil is in the Details", CVPR 2020), as MMPose 1.x runs it.
 
 Sizes are (w, h) and keypoints (x, y), MMPose's conventions. The numbers reproduce MMPose 1.3.2's
-`UDPHeatmap` (see SPEC.md section 4.1 and fixtures/README.md section 4), including its quirks:
+`UDPHeatmap` (see docs/data.md §7.1, §7.2 and tests/fixtures/README.md §4), including its quirks:
 
 * encode divides by (input - 1) / (heatmap - 1) but decode multiplies by input / (heatmap - 1),
   so a round trip drifts by up to +1 px at the far edge. This is MMPose's behaviour and the

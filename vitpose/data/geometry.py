@@ -3,7 +3,7 @@
 Conventions (MMPose's): boxes are pixels, `center` = (x, y), `scale` = (w, h) of the box (no
 200-px unit), sizes are (w, h), rotations are degrees, counter-clockwise in the image.
 The UDP warp maps the box centre to ((w - 1) / 2, (h - 1) / 2) of the crop, and a box of
-`scale` pixels onto w - 1 by h - 1 crop pixels (SPEC.md section 5.4).
+`scale` pixels onto w - 1 by h - 1 crop pixels (docs/data.md §6.1).
 
 Precision follows MMPose exactly where it decides pixels: the rotation is taken as a float32
 value (as TopdownAffine passes it) and the UDP matrix is rounded to float32, so that

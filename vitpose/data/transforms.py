@@ -1,7 +1,7 @@
 """Top-down augmentation with MMPose 1.x semantics, each a function of an explicit Generator.
 
 The train pipeline is MMPose's `RandomFlip -> RandomHalfBody -> RandomBBoxTransform ->
-TopdownAffine(use_udp=True)` with the same defaults (SPEC.md §5.3-5.4). Each random step takes
+TopdownAffine(use_udp=True)` with the same defaults (docs/data.md §5). Each random step takes
 a `np.random.Generator`; the dataset makes one per sample from (seed, epoch, index), so the
 stream of augmentations does not depend on workers, prefetching or timing.
 

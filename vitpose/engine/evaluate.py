@@ -65,7 +65,7 @@ def _decode(heatmaps: torch.Tensor, ready, meta: dict, codec) -> list[dict]:
 @torch.no_grad()
 def predict(model, batches: Iterable[dict], codec, flip_test: bool = True, device=None, amp_dtype=None,
             flip_indices: Sequence[int] | None = None) -> list[dict]:
-    """Predictions (CONTRACT dicts) for every instance of `batches`.
+    """Prediction dicts (docs/evaluation.md §3) for every instance of `batches`.
 
     batches: dicts of batched CocoKeypoints samples ("image" uint8 (B, 3, h, w) RGB, "id",
         "image_id", "center", "scale", "bbox_score", and "area"/"bbox" when present).

@@ -1,4 +1,4 @@
-"""Heatmap loss and PCK accuracy, as MMPose's HeatmapHead reports them (fixtures README §4)."""
+"""Heatmap loss and PCK accuracy, as MMPose's HeatmapHead reports them (docs/recipe.md §6; tests/fixtures/README.md §4)."""
 
 import torch
 from torch import nn

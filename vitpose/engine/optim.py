@@ -1,6 +1,6 @@
 """Layer-wise learning-rate decay parameter groups (MMPose LayerDecayOptimWrapperConstructor).
 
-SPEC.md §6: with NL = depth + 2, `pos_embed` and `patch_embed` get layer 0, `blocks.i` gets
+docs/recipe.md §2: with NL = depth + 2, `pos_embed` and `patch_embed` get layer 0, `blocks.i` gets
 i + 1 and everything else (final norm, head) NL - 1; lr = base_lr * decay ** (NL - 1 - layer).
 Weight decay is 0 for 1-D parameters, names ending in `.bias` and names containing `pos_embed`.
 """
@@ -12,7 +12,7 @@ import torch
 from vitpose.engine.schedule import LRSchedule
 from vitpose.models.checkpoint import strip_wrapper_prefixes, unwrap_model
 
-# SPEC.md §1.1: layer_decay_rate of each size's config.
+# docs/model.md §1.1: layer_decay_rate of each size's config.
 LAYER_DECAY = {"vitpose-s": 0.8, "vitpose-b": 0.75, "vitpose-l": 0.8, "vitpose-h": 0.85}
 
 _BLOCK = re.compile(r"^(?:backbone\.)?blocks\.(\d+)\.")

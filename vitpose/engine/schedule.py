@@ -2,7 +2,7 @@
 
 MMPose composes two schedulers multiplicatively:
 `LinearLR(start_factor=0.001, begin=0, end=500, by_epoch=False)` and
-`MultiStepLR(milestones=[170, 200], gamma=0.1, by_epoch=True)` (SPEC §6). Here both are one
+`MultiStepLR(milestones=[170, 200], gamma=0.1, by_epoch=True)` (docs/recipe.md §3). Here both are one
 closed-form function of (iteration, epoch), so the schedule has no state of its own: resuming
 only needs the iteration and epoch counters, which the checkpoint holds.
 """

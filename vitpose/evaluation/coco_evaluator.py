@@ -5,7 +5,7 @@ Given per-instance predictions of a top-down model, `CocoEvaluator.evaluate`:
 2. rescores each one: `bbox_score x mean(keypoint scores > 0.2)`, 0 when none pass;
 3. runs greedy OKS-NMS at 0.9 per image, OKS with the crop area (`area`);
 4. scores the survivors with pycocotools' COCOeval (iouType "keypoints", COCO sigmas).
-SPEC.md §7 and "Decisions" 4; fixtures README §4 item 13.
+docs/evaluation.md §4, §5, §6; tests/fixtures/README.md §4 item 13.
 
 A prediction is a dict `{"id", "image_id", "keypoints" (K, 2) image px, "keypoint_scores" (K,),
 "bbox_score", "area"}` and optionally `"bbox"` (x, y, w, h) px. When the input box is given it is

@@ -4,7 +4,7 @@ Top-down evaluation crops every detected box, so one person is often predicted s
 from overlapping boxes. MMPose (and so ViTPose's published numbers) removes these duplicates
 with a greedy OKS-NMS before COCOeval; the arithmetic here follows MMPose's `oks_iou` term by
 term (float32 sigmas, OKS stored as float32, quicksort order on score ties) so that the kept set
-is the same, not just nearly the same. SPEC.md §7.
+is the same, not just nearly the same. docs/evaluation.md §5.
 """
 
 from __future__ import annotations

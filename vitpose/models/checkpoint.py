@@ -1,4 +1,4 @@
-"""Read and write ViTPose weights in every layout that is published (SPEC.md §3).
+"""Read and write ViTPose weights in every layout that is published (docs/model.md §3).
 
 Layouts, detected from the key names:
 - own      this project (timm names): `backbone.blocks.i.*`, `backbone.norm.*`, `head.*`

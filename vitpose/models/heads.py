@@ -1,4 +1,4 @@
-"""Heatmap heads of ViTPose (SPEC.md §2): the classic deconv decoder and the simple decoder.
+"""Heatmap heads of ViTPose (docs/model.md §2): the classic deconv decoder and the simple decoder.
 
 Both map the (N, C, 16, 12) feature map to (N, K, 64, 48) heatmaps and end without an
 activation. Module names match MMPose / official ViTPose so that checkpoints map 1:1.

@@ -3,7 +3,7 @@
 Pre-norm transformer blocks (LayerNorm eps 1e-6, fused qkv, exact GELU, MLP ratio 4), an
 absolute position embedding over the patch grid (no class token) and a final LayerNorm.
 Parameter names follow timm; vitpose.models.checkpoint maps MMPose / official / HF names here.
-SPEC.md §1 lists where each detail comes from.
+docs/model.md §1 lists where each detail comes from.
 """
 
 import torch
@@ -34,7 +34,7 @@ class DropPath(nn.Module):
 
 
 class PatchEmbed(nn.Module):
-    """16x16 stride-16 conv with padding 2: the grid is shifted 2 px up-left (SPEC §1.2)."""
+    """16x16 stride-16 conv with padding 2: the grid is shifted 2 px up-left (docs/model.md §1.2)."""
 
     def __init__(self, img_size=(256, 192), patch_size=16, padding=2, in_chans=3, embed_dim=768):
         super().__init__()

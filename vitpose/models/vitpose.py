@@ -7,7 +7,7 @@ from vitpose.coco_meta import FLIP_INDICES
 from vitpose.models.heads import ClassicHead, SimpleHead
 from vitpose.models.vit import VisionTransformer
 
-# SPEC.md §1.1. drop_path_rate is the training default of each size's config.
+# docs/model.md §1.1. drop_path_rate is the training default of each size's config.
 MODEL_SIZES = {
     "vitpose-s": dict(embed_dim=384, depth=12, num_heads=12, drop_path_rate=0.1),
     "vitpose-b": dict(embed_dim=768, depth=12, num_heads=12, drop_path_rate=0.3),
