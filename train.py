@@ -67,7 +67,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--data-root", default=None, help="COCO root holding annotations/, train2017/, val2017/")
     p.add_argument("--work-dir", default=None, help="checkpoints, logs and the resolved config go here")
     p.add_argument("--resume", default=None, metavar="auto|PATH",
-                   help="auto: the newest valid checkpoint in the work dir (fresh start if none); or a file")
+                   help="auto: the valid checkpoint in the work dir that records the most progress (fresh "
+                        "start if none); or a file")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start from scratch in a work dir that holds an earlier run's checkpoints (overwriting them)")
+    p.add_argument("--debug", action="store_true", help="show the full traceback of an error instead of one line")
     p.add_argument("--seed", type=int, default=None, help="train.seed")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a config field (repeatable)")
@@ -101,9 +105,16 @@ def main(argv=None) -> int:
     try:
         cfg = load_config(config_path, args.overrides + flag_overrides(args))
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"train.py: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     work_dir = Path(cfg.train.work_dir)
+    from vitpose.engine.workdir import WorkDirError, check_fresh_start
+
+    try:  # before detaching, so the refusal reaches the terminal
+        check_fresh_start(work_dir, args.resume, args.overwrite)
+    except WorkDirError as e:
+        print(f"train.py: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
 
     # ---- detaching and multi-process launch: re-run this command elsewhere ------------------
     from vitpose.engine import runtime
@@ -131,14 +142,33 @@ def main(argv=None) -> int:
         return EXIT_USAGE
 
     with runtime.run_guard(work_dir / "train.log") as stop:
-        return train(cfg, config_path, args.resume, stop)
+        try:
+            return train(cfg, config_path, args.resume, stop, overwrite=args.overwrite)
+        except user_errors() as e:
+            if args.debug:
+                raise
+            print(f"train.py: error: {e}", file=sys.stderr)
+            print("(--debug shows the traceback)", file=sys.stderr)
+            return EXIT_USAGE
 
 
-def train(cfg, config_path: Path, resume: str | None, stop) -> int:
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Errors about the user's files, settings or disk: one line each (evaluate.py does the same)."""
+    from vitpose.config import ConfigError
+    from vitpose.data.errors import DataError
+    from vitpose.engine.checkpoint import CheckpointSaveError
+    from vitpose.engine.workdir import WorkDirError
+    from vitpose.models.checkpoint import CheckpointError
+
+    return ConfigError, DataError, CheckpointError, CheckpointSaveError, WorkDirError
+
+
+def train(cfg, config_path: Path, resume: str | None, stop, overwrite: bool = False) -> int:
     """One training run with a resolved config; returns the exit status.
 
-    Every resource the run opens (process group, worker pool, telemetry files) is registered with
-    one ExitStack, so it is released on every exit: a normal end, a stop, divergence or an exception.
+    Every resource the run opens (work-dir lock, process group, worker pool, telemetry files) is
+    registered with one ExitStack, so it is released on every exit: a normal end, a stop,
+    divergence or an exception.
     """
     import torch
 
@@ -146,12 +176,14 @@ def train(cfg, config_path: Path, resume: str | None, stop) -> int:
     from vitpose.data.loaders import build_loaders
     from vitpose.engine import distributed as D
     from vitpose.engine import runtime
-    from vitpose.engine.checkpoint import save_checkpoint
+    from vitpose.engine.checkpoint import prune_epoch_checkpoints, save_checkpoint
     from vitpose.engine.evaluate import predict
     from vitpose.engine.optim import build_optimizer
     from vitpose.engine.precision import resolve_precision
+    from vitpose.engine.preflight import check_val_images, describe_dataset
     from vitpose.engine.telemetry import Telemetry
     from vitpose.engine.trainer import EpochEnd, TrainRun, TrainState, checkpoint_payload, train_one_epoch
+    from vitpose.engine.workdir import claim_work_dir, write_text_atomic
     from vitpose.evaluation import CocoEvaluator
 
     work_dir = Path(cfg.train.work_dir)
@@ -159,8 +191,10 @@ def train(cfg, config_path: Path, resume: str | None, stop) -> int:
         ctx = D.init_distributed(cfg.train.device)  # torchrun's environment, or a single process
         closing.callback(D.cleanup, ctx)
         is_main = ctx.is_main
+        if is_main:  # one run per work dir; stale temp files of interrupted saves go
+            closing.enter_context(claim_work_dir(work_dir, resume, overwrite))
 
-        # ---- data: the files, then the datasets and ONE worker pool for training and validation
+        # ---- data: the files, the datasets (every box checked), the validation images, ONE worker pool
         if cfg.data.synthetic_train_images > 0:
             if is_main:
                 ensure_synthetic_data(cfg)
@@ -170,16 +204,16 @@ def train(cfg, config_path: Path, resume: str | None, stop) -> int:
             if is_main:
                 print(missing_data_message(cfg, missing, config_path), file=sys.stderr)
             return EXIT_USAGE
-        work_dir.mkdir(parents=True, exist_ok=True)
-        if is_main:
-            cfg.dump(work_dir / "config.yaml")
-            print(f"config {config_path} (resolved copy: {work_dir / 'config.yaml'}):")
-            print(yaml.safe_dump(cfg.to_dict(), sort_keys=False, default_flow_style=None), end="")
         seed_everything(cfg.train.seed + ctx.rank)
         train_set = build_train_set(cfg)  # GT boxes, ViTPose augmentation; UDP targets drawn on the device
         val_set = build_val_set(cfg)  # the configured detection boxes, or GT boxes
+        if is_main:
+            print(describe_dataset("training", train_set))
+            print(describe_dataset("validation", val_set))
+            check_val_images(val_set, cfg.data.check_val_images)  # a corrupt image fails now, not after epoch 10
         loaders = closing.enter_context(build_loaders(train_set, val_set, cfg.loader, seed=cfg.train.seed,
                                                       rank=ctx.rank, world_size=ctx.world_size))
+        batches_per_epoch = loaders.train_batches_per_epoch
 
         # ---- model, optimizer (layer decay + warmup/step schedule), precision
         model = build_model_from_config(cfg.model)
@@ -196,15 +230,18 @@ def train(cfg, config_path: Path, resume: str | None, stop) -> int:
         if precision.note and is_main:
             print(precision.note)
 
-        # ---- resume: the position, weights, moments and random streams of a checkpoint
+        # ---- resume (the checkpoint must fit this config), then record the config in force
         state = TrainState()
         if resume:
-            state = resume_from(resume, work_dir, cfg, model, optimizer, precision, ctx)
+            state = resume_from(resume, work_dir, cfg, model, optimizer, precision, ctx, batches_per_epoch)
+        if is_main:
+            text = yaml.safe_dump(cfg.to_dict(), sort_keys=False, default_flow_style=None)
+            write_text_atomic(work_dir / "config.yaml", text)
+            print(f"config {config_path} (resolved copy: {work_dir / 'config.yaml'}):\n{text}", end="")
         run = TrainRun(model, D.wrap_model(torch.compile(model) if cfg.train.compile else model, ctx),
                        optimizer, schedule, precision, ctx, state)
 
         # ---- reporting and scoring
-        batches_per_epoch = loaders.train_batches_per_epoch
         steps_per_epoch = math.ceil(batches_per_epoch / accum)
         # Detached, stdout already is train.log, which Telemetry also writes: keep its terminal copy quiet.
         quiet = closing.enter_context(open(os.devnull, "w")) if runtime.is_detached() else None
@@ -230,21 +267,43 @@ def train(cfg, config_path: Path, resume: str | None, stop) -> int:
             payload = checkpoint_payload(model, optimizer, schedule, precision, state, cfg.to_dict())
             return save_checkpoint(payload, work_dir / name)
 
-        def validate() -> float:
-            """COCO AP of the plain model on the validation set (all ranks predict, rank 0 scores)."""
-            predictions = predict(model, loaders.val(), codec, flip_test=cfg.eval.flip_test, device=ctx.device,
-                                  amp_dtype=precision.dtype)
-            predictions = D.gather_objects(predictions, ctx)
-            ap = None
-            if is_main:
-                stats = evaluator.evaluate(predictions)
-                telemetry.log_eval(state.epoch - 1, max(state.iteration - 1, 0), stats)
-                ap = float(stats["AP"])
-            return D.broadcast_object(ap, ctx)
+        def finish_epoch() -> None:
+            """The end of epoch `state.epoch`: validation, then best/epoch_N, then the last.pth
+            that records them (a kill in between repeats this on resume, never skips it)."""
+            done, improved = state.epoch, False
+            if done % cfg.train.val_every == 0 or done == cfg.schedule.epochs:
+                predictions = predict(model, loaders.val(), codec, flip_test=cfg.eval.flip_test,
+                                      device=ctx.device, amp_dtype=precision.dtype)
+                predictions = D.gather_objects(predictions, ctx)  # all ranks predict, rank 0 scores
+                ap = None
+                if is_main:
+                    stats = evaluator.evaluate(predictions)
+                    telemetry.log_eval(done - 1, max(state.iteration - 1, 0), stats)
+                    ap = float(stats["AP"])
+                ap = D.broadcast_object(ap, ctx)
+                if state.best_ap is None or ap > state.best_ap:
+                    state.best_ap, state.best_epoch, improved = ap, done, True
+                telemetry.message(f"epoch {done}: AP {ap:.4f} (best {state.best_ap:.4f} at epoch {state.best_epoch})")
+            state.epoch_end_pending = False
+            if improved:
+                save("best.pth")
+            if cfg.train.keep_every > 0 and done % cfg.train.keep_every == 0:
+                save(f"epoch_{done}.pth")
+                if is_main:
+                    prune_epoch_checkpoints(work_dir, cfg.train.keep_last)
+            save("last.pth")
 
-        # ---- the epoch loop: train, then validation and checkpoints at the epoch's end
-        for epoch in range(state.epoch, cfg.schedule.epochs):
-            end = train_one_epoch(run, loaders.train(epoch, start_batch=state.batch), epoch, cfg,
+        # ---- the loop: an epoch of training, its resume point, then its end
+        while True:
+            if state.epoch_end_pending:  # just trained, or resumed from a stop on an epoch's last step
+                finish_epoch()
+                if D.any_rank([stop.requested], ctx)[0] and state.epoch < cfg.schedule.epochs:
+                    telemetry.message(f"stopped by {stop.signal_name or 'a signal on another rank'} after epoch "
+                                      f"{state.epoch}; saved {work_dir / 'last.pth'}. Continue with --resume auto.")
+                    return EXIT_OK
+            if state.epoch >= cfg.schedule.epochs:
+                break
+            end = train_one_epoch(run, loaders.train(state.epoch, start_batch=state.batch), state.epoch, cfg,
                                   batches_per_epoch, telemetry, stop, save_last=lambda: save("last.pth"))
             if end is EpochEnd.DIVERGED:
                 save("last.pth")
@@ -253,29 +312,13 @@ def train(cfg, config_path: Path, resume: str | None, stop) -> int:
                     f"The weights are unchanged since the last finite step and saved in {work_dir / 'last.pth'}. "
                     f"Lower optim.lr, keep optim.clip_grad, or try --amp-dtype bfloat16 / no --amp.")
                 return EXIT_NONFINITE
+            if state.epoch_end_pending:
+                D.sync_buffers(model, ctx)  # BN statistics agree across ranks before anything is saved
+            save("last.pth")  # the resume point, before validation can take long or fail
             if end is EpochEnd.STOPPED:
-                path = save("last.pth")
                 reason = stop.signal_name or ("train.stop_at_iteration" if not stop.requested else "a signal")
-                telemetry.message(f"stopped by {reason} at epoch {state.epoch}, batch {state.batch}, "
-                                  f"iteration {state.iteration}; saved {path}. Continue with --resume auto.")
-                return EXIT_OK
-
-            # ---- end of epoch: BN buffers agree across ranks, validation, checkpoints
-            D.sync_buffers(model, ctx)
-            done, improved = state.epoch, False
-            if done % cfg.train.val_every == 0 or done == cfg.schedule.epochs:
-                ap = validate()
-                if state.best_ap is None or ap > state.best_ap:
-                    state.best_ap, state.best_epoch, improved = ap, done, True
-                telemetry.message(f"epoch {done}: AP {ap:.4f} (best {state.best_ap:.4f} at epoch {state.best_epoch})")
-            save("last.pth")
-            if improved:
-                save("best.pth")
-            if cfg.train.keep_every > 0 and done % cfg.train.keep_every == 0:
-                save(f"epoch_{done}.pth")
-            if D.any_rank([stop.requested], ctx)[0] and done < cfg.schedule.epochs:  # e.g. during validation
-                telemetry.message(f"stopped by {stop.signal_name or 'a signal on another rank'} after epoch {done}; "
-                                  f"saved {work_dir / 'last.pth'}. Continue with --resume auto.")
+                telemetry.message(f"stopped by {reason} at epoch {state.epoch}, batch {state.batch}, iteration "
+                                  f"{state.iteration}; saved {work_dir / 'last.pth'}. Continue with --resume auto.")
                 return EXIT_OK
 
         telemetry.message(f"done: {state.iteration} iterations; best AP {state.best_ap} at epoch {state.best_epoch}; "
@@ -309,9 +352,10 @@ def load_pretrained(model, source: str, is_main: bool) -> None:
               f"not in the file: {len(report.missing)} tensors (e.g. the head when it is an MAE backbone)")
 
 
-def resume_from(resume: str, work_dir: Path, cfg, model, optimizer, precision, ctx):
-    """The TrainState of the checkpoint named by `--resume` (auto: the newest valid one in the
-    work dir; a fresh TrainState when there is none), with everything else loaded into the run."""
+def resume_from(resume: str, work_dir: Path, cfg, model, optimizer, precision, ctx, batches_per_epoch: int):
+    """The TrainState of the checkpoint named by `--resume` (auto: the one in the work dir that
+    records the most progress; a fresh TrainState when there is none), with everything else loaded
+    into the run. A mid-epoch position saved with another batch size is converted by samples."""
     import torch
 
     from vitpose.engine.checkpoint import find_resume_checkpoint, load_checkpoint
@@ -324,10 +368,20 @@ def resume_from(resume: str, work_dir: Path, cfg, model, optimizer, precision, c
     path, checkpoint = found
     # With several processes each rank draws its own drop-path masks, so the saved (rank 0)
     # random state is not restored; each rank reseeds from the position instead.
-    state = restore_checkpoint(checkpoint, model, optimizer, precision, restore_rng=ctx.world_size == 1)
+    state = restore_checkpoint(checkpoint, model, optimizer, precision, restore_rng=ctx.world_size == 1,
+                               source=path)
     if ctx.world_size > 1:
         torch.manual_seed(cfg.train.seed + ctx.rank + 1000 * state.iteration)
-    warn_if_layout_changed(checkpoint.get("config") or {}, cfg, ctx.world_size, ctx.is_main)
+    old_batch = ((checkpoint.get("config") or {}).get("loader") or {}).get("batch_size")
+    if state.batch and old_batch and old_batch != cfg.loader.batch_size:
+        converted = min(state.batch * old_batch // cfg.loader.batch_size, batches_per_epoch)
+        if ctx.is_main:
+            print(f"resume: the checkpoint was trained with batch size {old_batch}, this run uses "
+                  f"{cfg.loader.batch_size}: {state.batch} batches of epoch {state.epoch} are "
+                  f"{state.batch * old_batch} samples, so the epoch continues at batch {converted}")
+        state.batch = converted
+        if converted == batches_per_epoch:  # the converted position is the epoch's end
+            state.epoch, state.batch, state.epoch_end_pending = state.epoch + 1, 0, True
     if ctx.is_main:
         print(f"resumed from {path}: epoch {state.epoch}, batch {state.batch}, iteration {state.iteration}")
     return state
@@ -384,14 +438,6 @@ def ensure_synthetic_data(cfg) -> None:
     make_coco(root, want["train"], seed=want["seed"], split="train")
     make_coco(root, max(want["val"], 1), seed=want["seed"], split="val")
     stamp.write_text(json.dumps(want))
-
-
-def warn_if_layout_changed(old: dict, cfg, world_size: int, is_main: bool) -> None:
-    """A resumed position means 'this many batches of this epoch': it needs the same batching."""
-    old_loader = old.get("loader", {})
-    if is_main and old_loader and old_loader.get("batch_size") != cfg.loader.batch_size:
-        print(f"warning: the checkpoint was trained with batch size {old_loader.get('batch_size')}, "
-              f"this run uses {cfg.loader.batch_size}: the mid-epoch position is approximate")
 
 
 if __name__ == "__main__":

@@ -59,6 +59,9 @@ class DataConfig:
     synthetic_train_images: int = 0
     synthetic_val_images: int = 0
     synthetic_seed: int = 0
+    # Before the first training step every validation box is checked and the validation images
+    # are opened: "sample" (a spread-out sample, seconds), "all" (every image), "off".
+    check_val_images: str = "sample"
 
 
 @dataclass
@@ -104,6 +107,7 @@ class TrainConfig:
     log_every: int = 50
     checkpoint_minutes: float = 30.0  # rolling `last` checkpoint period
     keep_every: int = 10  # keep every k-th epoch's checkpoint
+    keep_last: int | None = None  # of those epoch_N.pth, keep only the newest N (None: all)
     val_every: int = 10
     max_nonfinite: int = 5  # non-finite losses in a row before saving and stopping
     # Save and stop (as on SIGTERM) once this many optimizer steps are done: time-boxed runs, tests.
@@ -230,7 +234,10 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> list[tuple[str, dict,
         raise ConfigError(f"{path}: `base` loops back to itself")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: {_yaml_problem(e)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of sections at the top level")
     layers = []
@@ -246,13 +253,24 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> list[tuple[str, dict,
     return layers
 
 
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """PyYAML's error as one line with the (1-based) line and column it points at."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return f"YAML syntax error at {where}{problem}"
+
+
 def parse_override(text: str) -> tuple[str, str, Any]:
     """`section.key=value` -> (section, key, value); the value is read as YAML (1e-4, true, [1, 2])."""
     if "=" not in text or "." not in text.split("=", 1)[0]:
         raise ConfigError(f"--set {text!r}: expected section.key=value, e.g. optim.lr=1e-3")
     dotted, raw = text.split("=", 1)
     section, key = dotted.strip().split(".", 1)
-    return section, key, yaml.safe_load(raw) if raw.strip() else None
+    try:
+        return section, key, yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--set {text!r}: the value is not valid YAML ({_yaml_problem(e)})") from None
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
@@ -265,4 +283,50 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     for text in overrides:
         section, key, value = parse_override(text)
         _apply(cfg, section, key, value, f"--set {text}")
+    check_ranges(cfg)
     return cfg
+
+
+# (section.key, test, what the value must be): checked after every file and override is applied,
+# so a value that would crash hours later (val_every=0) or do nothing (epochs=0) stops the run now.
+_RANGES = [
+    ("schedule.epochs", lambda v: v >= 1, "at least 1"),
+    ("schedule.warmup_iters", lambda v: v >= 0, ">= 0"),
+    ("schedule.warmup_ratio", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("schedule.gamma", lambda v: v > 0, "> 0"),
+    ("loader.batch_size", lambda v: v >= 1, "at least 1"),
+    ("loader.val_batch_size", lambda v: v >= 1, "at least 1"),
+    ("loader.num_workers", lambda v: v is None or v >= 0, ">= 0 (or null for automatic)"),
+    ("loader.prefetch_factor", lambda v: v >= 1, "at least 1"),
+    ("optim.lr", lambda v: v > 0 and v == v and v != float("inf"), "a positive finite number"),
+    ("optim.weight_decay", lambda v: v >= 0, ">= 0"),
+    ("optim.layer_decay", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("optim.accum_steps", lambda v: v >= 1, "at least 1"),
+    ("optim.clip_grad", lambda v: v is None or v >= 0, ">= 0 (or null for no clipping)"),
+    ("optim.base_batch_size", lambda v: v >= 1, "at least 1"),
+    ("train.log_every", lambda v: v >= 1, "at least 1"),
+    ("train.val_every", lambda v: v >= 1, "at least 1 (validation every N epochs; the last epoch always validates)"),
+    ("train.keep_every", lambda v: v >= 0, ">= 0 (0: keep no epoch_N.pth)"),
+    ("train.keep_last", lambda v: v is None or v >= 1, "at least 1 (or null to keep all)"),
+    ("train.max_nonfinite", lambda v: v >= 1, "at least 1"),
+    ("train.checkpoint_minutes", lambda v: v >= 0, ">= 0 (0: only at epoch ends)"),
+    ("train.stop_at_iteration", lambda v: v is None or v >= 1, "at least 1 (or null)"),
+    ("data.bbox_score_thr", lambda v: 0 <= v <= 1, "in [0, 1]"),
+    ("data.max_bad_images", lambda v: v >= 0, ">= 0"),
+    ("data.check_val_images", lambda v: v in ("sample", "all", "off"), "one of sample, all, off"),
+    ("model.sigma", lambda v: v > 0, "> 0"),
+    ("model.num_keypoints", lambda v: v >= 1, "at least 1"),
+    ("model.input_size", lambda v: min(v) >= 1, "two positive sizes (w, h)"),
+    ("model.heatmap_size", lambda v: min(v) >= 1, "two positive sizes (w, h)"),
+    ("eval.keypoint_score_thr", lambda v: 0 <= v <= 1, "in [0, 1]"),
+    ("eval.nms_thr", lambda v: 0 < v <= 1, "in (0, 1]"),
+]
+
+
+def check_ranges(cfg: Config) -> None:
+    """ConfigError naming the first field whose value is of the right type but out of range."""
+    for dotted, ok, must in _RANGES:
+        section, key = dotted.split(".")
+        value = getattr(getattr(cfg, section), key)
+        if not ok(value):
+            raise ConfigError(f"{dotted} = {value!r}: must be {must}")

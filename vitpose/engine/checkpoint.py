@@ -16,14 +16,23 @@ objects), so `torch.load(path, weights_only=True)` reads it:
     best_ap      best validation AP so far (or None), best_epoch
 
 Writes go to a temporary file in the same directory, are flushed and fsynced, renamed over the
-target and the directory is fsynced: a crash or a full disk leaves the previous file intact.
+target and the directory is fsynced: a crash or a full disk leaves the previous file intact (a
+full disk raises `CheckpointSaveError`, one line naming the target and the free space). Files get
+the permissions the umask gives ordinary files (group-readable like the logs), not mkstemp's 0600.
+
+`find_resume_checkpoint` chooses by the iteration each file records (ties go to `last.pth`), never
+by modification time: a `touch`, a restore from backup or an rsync without times cannot rewind a run.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import functools
 import os
 import random
 import re
+import shutil
 import tempfile
 import warnings
 from pathlib import Path
@@ -32,9 +41,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from vitpose.models.checkpoint import strip_wrapper_prefixes, unwrap_model
+from vitpose.models.checkpoint import CheckpointError, describe_file, strip_wrapper_prefixes, unwrap_model
 
 REQUIRED_KEYS = ("model", "optimizer", "epoch", "batch", "iteration")
+TEMP_SUFFIX = ".tmp"  # temp files are `.NAME.XXXXXXXX.tmp` beside their target
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+class CheckpointSaveError(OSError):
+    """A checkpoint could not be written (disk full, quota, permissions); the previous one is intact."""
 
 
 def clean_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -106,39 +121,80 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+@functools.cache
+def readable_mode() -> int:
+    """The mode an ordinary new file gets under this process's umask (0o644 under umask 022)."""
+    umask = None
+    with contextlib.suppress(OSError, ValueError):  # Linux >= 4.7 reports it without changing it
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                umask = int(line.split()[1], 8)
+    if umask is None:
+        umask = os.umask(0o022)
+        os.umask(umask)
+    return 0o666 & ~umask
+
+
+def _is_disk_full(error: BaseException) -> bool:
+    # torch's zip writer reports a short write as a RuntimeError ("... unexpected pos ..."),
+    # without an errno; treat it like ENOSPC when the disk is in fact (nearly) full.
+    if isinstance(error, OSError):
+        return error.errno in _DISK_FULL
+    return isinstance(error, RuntimeError) and ("unexpected pos" in str(error) or "file write failed" in str(error))
+
+
 def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
-    """Write `state` to `path` atomically (temp file, fsync, rename, fsync the directory)."""
+    """Write `state` to `path` atomically (temp file, fsync, rename, fsync the directory).
+
+    Raises CheckpointSaveError (the target, the free space, and that the previous file is intact)
+    when the disk is full or the file cannot be written.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, readable_mode())
         os.replace(tmp, path)
-    except BaseException:
-        try:
+    except BaseException as e:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
+        if _is_disk_full(e) or isinstance(e, PermissionError):
+            free = shutil.disk_usage(path.parent).free / 2**30
+            kept = "the previous checkpoint is intact" if path.exists() else "no earlier checkpoint of that name"
+            cause = "permission denied" if isinstance(e, PermissionError) else "disk full"
+            raise CheckpointSaveError(
+                f"cannot write {path}: {cause} ({free:.2f} GiB free on its disk); {kept}. Free some space, "
+                f"then continue with --resume auto") from None
         raise
     _fsync_dir(path.parent)
     return path
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Read a training checkpoint with `weights_only=True`; raises ValueError if it is unusable."""
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False
+                    ) -> dict[str, Any]:
+    """Read a training checkpoint with `weights_only=True`.
+
+    mmap: map the tensors instead of reading them (cheap when only the counters are needed).
+    Raises CheckpointError (one line: the file and what it looks like) if it is unusable.
+    """
     path = Path(path)
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e:  # truncated zip, bad pickle, disallowed global...
-        raise ValueError(f"checkpoint {path} cannot be read ({type(e).__name__}: {e})") from e
+        state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint not found: {path}") from None
+    except Exception as e:  # truncated zip, bad pickle, random bytes, disallowed global...
+        raise CheckpointError(f"{path}: not a readable checkpoint ({describe_file(path)}; "
+                              f"{type(e).__name__})") from None
     if not isinstance(state, dict):
-        raise ValueError(f"checkpoint {path} holds a {type(state).__name__}, expected a dict")
+        raise CheckpointError(f"{path}: holds a {type(state).__name__}, not a training checkpoint")
     missing = [k for k in REQUIRED_KEYS if k not in state]
     if missing:
-        raise ValueError(f"checkpoint {path} is not a training checkpoint: missing {', '.join(missing)}")
+        raise CheckpointError(f"{path}: not a training checkpoint of this project (no {', '.join(missing)}); "
+                              f"weights-only files are for model.pretrained or evaluate.py")
     return state
 
 
@@ -146,24 +202,43 @@ _CHECKPOINT_NAME = re.compile(r"^(last|best|epoch_\d+)\.pth$")
 
 
 def checkpoint_files(work_dir: str | Path) -> list[Path]:
-    """This project's checkpoints in `work_dir`, newest first (by modification time)."""
+    """This project's checkpoints in `work_dir` (last.pth, best.pth, epoch_N.pth), by name."""
     work_dir = Path(work_dir)
     if not work_dir.is_dir():
         return []
-    files = [p for p in work_dir.iterdir() if p.is_file() and _CHECKPOINT_NAME.match(p.name)]
-    return sorted(files, key=lambda p: p.stat().st_mtime_ns, reverse=True)
+    return sorted(p for p in work_dir.iterdir() if p.is_file() and _CHECKPOINT_NAME.match(p.name))
 
 
 def find_resume_checkpoint(work_dir: str | Path) -> tuple[Path, dict[str, Any]] | None:
-    """The newest valid checkpoint in `work_dir` and its contents, or None.
+    """The checkpoint in `work_dir` that records the most progress, and its contents; or None.
 
-    Candidates are tried newest first and actually loaded: a truncated or corrupt file (a crash
-    during a copy, a full disk) is skipped with a warning instead of failing the run again at
-    every restart.
+    Every candidate is actually read (its tensors memory-mapped, so this is cheap): a truncated or
+    corrupt file (a crash during a copy, a full disk) is skipped with a warning instead of failing
+    the run again at every restart. The largest recorded iteration wins; on a tie `last.pth`,
+    which records the run's position most completely (e.g. a pending epoch end).
     """
+    ranked = []
     for path in checkpoint_files(work_dir):
         try:
-            return path, load_checkpoint(path)
-        except ValueError as e:
+            state = load_checkpoint(path, mmap=True)
+        except CheckpointError as e:
             warnings.warn(f"skipping unusable checkpoint: {e}", stacklevel=2)
-    return None
+            continue
+        ranked.append((int(state["iteration"]), path.name == "last.pth", path))
+        del state
+    if not ranked:
+        return None
+    path = max(ranked)[2]
+    return path, load_checkpoint(path)
+
+
+def prune_epoch_checkpoints(work_dir: str | Path, keep_last: int | None) -> list[Path]:
+    """Delete all but the `keep_last` newest `epoch_N.pth` (by N); returns the deleted files."""
+    if keep_last is None:
+        return []
+    numbered = sorted((int(p.stem.split("_")[1]), p) for p in checkpoint_files(work_dir) if p.name.startswith("epoch_"))
+    doomed = [p for _, p in numbered[: max(len(numbered) - keep_last, 0)]]
+    for p in doomed:
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+    return doomed

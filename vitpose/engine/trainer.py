@@ -25,7 +25,7 @@ from vitpose.engine.checkpoint import model_state_dict, rng_state, set_rng_state
 from vitpose.engine.losses import KeypointMSELoss
 from vitpose.engine.precision import Precision
 from vitpose.engine.schedule import BASE_LR_KEY, LRSchedule
-from vitpose.models.checkpoint import unwrap_model
+from vitpose.models.checkpoint import CheckpointError, unwrap_model
 
 keypoint_mse_loss = KeypointMSELoss(use_target_weight=True)
 
@@ -40,6 +40,9 @@ class TrainState:
     best_ap: float | None = None
     best_epoch: int | None = None
     nonfinite_in_row: int = 0  # survives a resume: a run that keeps diverging stops after N in all
+    # The batches of `epoch - 1` are all trained but its end (validation, best.pth, epoch_N.pth)
+    # has not run yet: a resume runs it first, so a stop on an epoch's last step skips nothing.
+    epoch_end_pending: bool = False
 
 
 class EpochEnd(enum.Enum):
@@ -144,8 +147,8 @@ def train_one_epoch(run: TrainRun, batches: Iterable[dict], epoch: int, cfg, bat
         stop: a `runtime.StopFlag`, polled after every optimizer step (on all ranks together).
         save_last: writes the resume checkpoint (`last.pth`) on the main process; called for the
             periodic save (`train.checkpoint_minutes`). Stopping saves are the caller's.
-    Returns how the epoch ended; `run.state` says where (a completed epoch leaves
-    `state.epoch = epoch + 1, state.batch = 0`).
+    Returns how the epoch ended; `run.state` says where. Once the epoch's last batch is trained
+    (also when a stop comes on that step) the state is `epoch + 1, batch 0, epoch_end_pending`.
     """
     state, ctx, world_size = run.state, run.ctx, run.ctx.world_size
     accum = cfg.optim.accum_steps
@@ -195,7 +198,7 @@ def train_one_epoch(run: TrainRun, batches: Iterable[dict], epoch: int, cfg, bat
         stop_at = cfg.train.stop_at_iteration
         if stop_now or (stop_at is not None and state.iteration >= stop_at):
             if state.batch == batches_per_epoch:  # stopped on the epoch's last step
-                state.epoch, state.batch = epoch + 1, 0
+                state.epoch, state.batch, state.epoch_end_pending = epoch + 1, 0, True
             return EpochEnd.STOPPED
 
         # ---- the periodic resume point
@@ -204,7 +207,7 @@ def train_one_epoch(run: TrainRun, batches: Iterable[dict], epoch: int, cfg, bat
             last_save = time.monotonic()
         t0 = time.perf_counter()
 
-    state.epoch, state.batch = epoch + 1, 0
+    state.epoch, state.batch, state.epoch_end_pending = epoch + 1, 0, True
     return EpochEnd.COMPLETED
 
 
@@ -230,13 +233,34 @@ def checkpoint_payload(model, optimizer, schedule, precision: Precision, state: 
     }
 
 
+def check_same_model(checkpoint: dict, model: torch.nn.Module, source) -> None:
+    """CheckpointError (one line) unless the checkpoint's weights have this model's names and shapes."""
+    saved = checkpoint["model"]
+    own = model.state_dict()
+    differ = [k for k in own if k in saved and tuple(saved[k].shape) != tuple(own[k].shape)]
+    missing = [k for k in own if k not in saved]
+    extra = [k for k in saved if k not in own]
+    if not (differ or missing or extra):
+        return
+    old = (checkpoint.get("config") or {}).get("model") or {}
+    what = f"{old.get('name', '?')}-{old.get('decoder', '?')}, {old.get('num_keypoints', '?')} keypoints"
+    example = (f"e.g. {differ[0]} is {tuple(saved[differ[0]].shape)} there, {tuple(own[differ[0]].shape)} here"
+               if differ else f"e.g. {(missing or extra)[0]} is only {'here' if missing else 'there'}")
+    raise CheckpointError(f"{source} holds another model ({what}) than this config builds: {len(differ)} tensors "
+                          f"differ in shape, {len(missing)} missing, {len(extra)} unexpected ({example}). "
+                          f"Resume with the config it was trained with, or start a new --work-dir")
+
+
 def restore_checkpoint(checkpoint: dict, model, optimizer, precision: Precision,
-                       restore_rng: bool = True) -> TrainState:
+                       restore_rng: bool = True, source="the checkpoint") -> TrainState:
     """Load everything a checkpoint holds back into the run; returns the run's position.
 
     The optimizer groups keep the base LRs of the config in force (a resumed run may change
-    the LR on purpose); their moments and step counts come from the checkpoint.
+    the LR on purpose); their moments and step counts come from the checkpoint. A checkpoint of
+    another model (size, decoder, keypoints) raises CheckpointError in one line, before anything
+    of the run is changed.
     """
+    check_same_model(checkpoint, unwrap_model(model), source)
     unwrap_model(model).load_state_dict(checkpoint["model"])
     base_lrs = [g[BASE_LR_KEY] for g in optimizer.param_groups]
     optimizer.load_state_dict(checkpoint["optimizer"])

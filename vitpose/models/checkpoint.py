@@ -105,6 +105,36 @@ class CheckpointError(RuntimeError):
 # Reading sources
 
 
+def describe_file(path) -> str:
+    """What a file that failed to load looks like, in words (for one-line error messages)."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(64)
+            f.seek(max(size - 22, 0))
+            tail = f.read(22)
+    except OSError as e:
+        return f"unreadable ({e.strerror or e})"
+    if size == 0:
+        return "an empty file (0 bytes)"
+    mib = f"{size / 2**20:.1f} MiB"
+    if head.startswith(b"PK\x03\x04"):
+        # A complete zip ends with its end-of-central-directory record ("PK\x05\x06").
+        whole = b"PK\x05\x06" in tail
+        return f"a torch zip archive of {mib}" + ("" if whole else ", truncated (its end is missing)")
+    if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
+        return f"a legacy pickle of {mib}"
+    if len(head) >= 9 and head[8:9] == b"{":
+        return f"a safetensors file of {mib}"
+    text = head.lstrip().lower()
+    if text.startswith((b"<!doctype html", b"<html")):
+        return f"an HTML page of {mib} (a failed download?)"
+    if all(32 <= c < 127 or c in (9, 10, 13) for c in head):
+        return f"a text file of {mib}"
+    return f"{mib} of unrecognised bytes (not a torch, pickle or safetensors file)"
+
+
 def _read_file(path):
     path = Path(path)
     if not path.is_file():
@@ -112,10 +142,15 @@ def _read_file(path):
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
-        return load_file(str(path), device="cpu")
+        try:
+            return load_file(str(path), device="cpu")
+        except Exception as e:  # safetensors' own error type for a bad header or a short file
+            raise CheckpointError(f"{path}: cannot be read as safetensors ({describe_file(path)}; {e})") from None
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
+        if "Unsupported" not in str(e) and "weights_only" not in str(e):
+            raise CheckpointError(f"{path}: not a readable checkpoint ({describe_file(path)})") from None
         # torch's message is long; keep its one specific line ("Unsupported global: ...").
         detail = next((ln.strip() for ln in str(e).splitlines() if "Unsupported" in ln or "error:" in ln),
                       str(e).splitlines()[0] if str(e) else type(e).__name__)
@@ -125,6 +160,9 @@ def _read_file(path):
             f"its code ran. If you trust the file, re-save just its tensors elsewhere, e.g. "
             f"torch.save(torch.load(path, weights_only=False)['state_dict'], new_path). ({detail})"
         ) from None
+    except (RuntimeError, EOFError, ValueError, OSError) as e:  # truncated zip, random bytes, ...
+        raise CheckpointError(f"{path}: not a readable checkpoint ({describe_file(path)}; "
+                              f"{type(e).__name__})") from None
 
 
 def _unwrap(obj, origin):

@@ -1,0 +1,122 @@
+"""The work directory of a run: one run at a time, no silent overwrite, no stale temp files.
+
+- `claim_work_dir` takes an exclusive lock (`WORK_DIR/.lock`, an `fcntl.flock` held for the whole
+  run, with the owner's PID written in it). The kernel drops a flock when its process dies, so the
+  lock of a killed run (kill -9, a power cut) is stale by construction and is taken over with a
+  message naming the dead PID; a live owner makes the second run fail at once with its PID.
+- A fresh start (no `--resume`) in a directory that already holds this project's checkpoints is
+  refused: it would overwrite `last.pth`, `best.pth` and `config.yaml` of the earlier run. The
+  message names the files and the two ways on (`--resume auto`, or `--overwrite`).
+- Temp files of interrupted checkpoint writes (`.last.pth.XXXX.tmp`, possibly several GB each at
+  ViTPose-H size) are removed once the lock is held.
+- `write_text_atomic` writes `config.yaml` through a temp file and a rename, so a full disk or a
+  kill leaves the previous file, never an empty one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import socket
+import tempfile
+from pathlib import Path
+
+from vitpose.engine.checkpoint import TEMP_SUFFIX, checkpoint_files, readable_mode
+
+LOCK_NAME = ".lock"
+
+
+class WorkDirError(RuntimeError):
+    """The work directory cannot be used as asked (another run holds it, or a fresh start would
+    overwrite an earlier run)."""
+
+
+@contextlib.contextmanager
+def claim_work_dir(work_dir: str | Path, resume: str | None, overwrite: bool = False, say=print):
+    """Lock `work_dir` for this run (released when the block ends or the process dies).
+
+    Args:
+        work_dir: the run's directory (created if needed).
+        resume: the `--resume` value (None for a fresh start).
+        overwrite: allow a fresh start over an earlier run's checkpoints.
+        say: where messages go (stale lock taken over, temp files removed).
+    Raises WorkDirError when another live process holds the directory, or when a fresh start
+    would overwrite checkpoints.
+    """
+    work_dir = Path(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    lock_path = work_dir / LOCK_NAME
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            owner = _read_owner(fd)
+            raise WorkDirError(f"{work_dir} is in use by another run ({owner}); wait for it to end, stop it "
+                               f"(kill -TERM saves a checkpoint first), or choose another --work-dir") from None
+        previous = _read_owner(fd)
+        if previous:
+            say(f"{work_dir}: taking over the lock of a run that is gone ({previous})")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        check_fresh_start(work_dir, resume, overwrite)
+        removed = remove_temp_files(work_dir)
+        if removed:
+            say(f"{work_dir}: removed {len(removed)} temp file(s) of interrupted checkpoint writes "
+                f"({', '.join(p.name for p in removed)})")
+        yield work_dir
+    finally:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+        os.close(fd)  # releases the flock
+
+
+def check_fresh_start(work_dir: str | Path, resume: str | None, overwrite: bool) -> None:
+    """WorkDirError when a fresh start (no --resume, no --overwrite) would overwrite checkpoints."""
+    if resume or overwrite:
+        return
+    existing = [p.name for p in checkpoint_files(work_dir)]
+    if existing:
+        raise WorkDirError(
+            f"{work_dir} already holds a run's checkpoints ({', '.join(existing)}); a fresh start would "
+            f"overwrite them. Continue that run with --resume auto, start over with --overwrite, "
+            f"or choose another --work-dir")
+
+
+def _read_owner(fd: int) -> str:
+    with contextlib.suppress(OSError):
+        return os.pread(fd, 200, 0).decode(errors="replace").strip()
+    return ""
+
+
+def remove_temp_files(work_dir: str | Path) -> list[Path]:
+    """Delete the temp files that interrupted atomic writes left in `work_dir`; returns them."""
+    removed = []
+    for path in Path(work_dir).iterdir():
+        if path.name.startswith(".") and path.name.endswith(TEMP_SUFFIX) and path.is_file():
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                removed.append(path)
+    return removed
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write `text` to `path` via a temp file in the same directory, fsync and rename."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, readable_mode())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
