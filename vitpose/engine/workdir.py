@@ -50,16 +50,17 @@ def claim_work_dir(work_dir: str | Path, resume: str | None, overwrite: bool = F
     lock_path = work_dir / LOCK_NAME
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise
-            owner = _read_owner(fd)
-            raise WorkDirError(f"{work_dir} is in use by another run ({owner}); wait for it to end, stop it "
-                               f"(kill -TERM saves a checkpoint first), or choose another --work-dir") from None
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        owner = _read_owner(fd)
+        os.close(fd)
+        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise
+        raise WorkDirError(f"{work_dir} is in use by another run ({owner}); wait for it to end, stop it "
+                           f"(kill -TERM saves a checkpoint first), or choose another --work-dir") from None
+    try:
         previous = _read_owner(fd)
-        if previous:
+        if previous:  # the file names an owner, but the kernel released its lock: that process is gone
             say(f"{work_dir}: taking over the lock of a run that is gone ({previous})")
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
@@ -71,7 +72,7 @@ def claim_work_dir(work_dir: str | Path, resume: str | None, overwrite: bool = F
         yield work_dir
     finally:
         with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)
+            os.ftruncate(fd, 0)  # a clean end leaves no owner behind
         os.close(fd)  # releases the flock
 
 

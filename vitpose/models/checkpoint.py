@@ -149,7 +149,7 @@ def _read_file(path):
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        if "Unsupported" not in str(e) and "weights_only" not in str(e):
+        if "Unsupported global" not in str(e):  # garbage bytes fail in the unpickler too
             raise CheckpointError(f"{path}: not a readable checkpoint ({describe_file(path)})") from None
         # torch's message is long; keep its one specific line ("Unsupported global: ...").
         detail = next((ln.strip() for ln in str(e).splitlines() if "Unsupported" in ln or "error:" in ln),
