@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO))
 
 from vitpose.data import crop_cache as C
 from vitpose.data import transforms as T
-from vitpose.data.coco import CocoKeypoints
+from vitpose.data.coco import CocoKeypoints, image_tensor
 
 SHARED = Path(os.environ.get("VITPOSE_SHARED", REPO.parent / "shared"))
 COCO_MINI = SHARED / "data" / "coco-mini"
@@ -63,9 +63,9 @@ def run_once(ds, pairs):
 
 def _read_from_cache(ds, i, geo):
     """The cache path's 'decode': slice the window the warp reads, flip it if needed."""
-    cache = ds._crop_cache
+    cache = ds.crop_cache
     pixels, (rx0, ry0, _, _) = cache.region(i)
-    wh = ds._img_wh[ds._inst_img[i]]
+    wh = ds.index.image_size(i)
     inverse = C.inverse_affine(geo["matrix"])
     x0, y0, x1, y1 = C.read_window(inverse, ds.input_size, wh)
     ox0, ox1 = (int(wh[0]) - x1, int(wh[0]) - x0) if geo["flipped"] else (x0, x1)
@@ -83,18 +83,18 @@ def stage_times(ds, pairs):
         c0 = clock()
         geo = ds.augment_geometry(i, np.random.default_rng((ds.seed, epoch, i)))
         c1 = clock()
-        if ds._crop_cache is not None:
+        if ds.crop_cache is not None:
             window, origin, inverse = _read_from_cache(ds, i, geo)
             c2 = clock()
             crop = C.warp_window(window, origin, inverse, ds.input_size)
         elif ds.reduced_decode:
             f = T.choose_reduction(geo["scale_fixed"], ds.input_size)
-            image, f = ds._load(i, reduce=f)
+            image, f = ds.read_image(i, reduce=f)
             c2 = clock()
             m = T.source_matrix(geo["matrix"], geo["image_width"] if geo["flipped"] else None, f)
             crop = T.warp_crop(image, m, ds.input_size)
         else:
-            image, _ = ds._load(i)
+            image, _ = ds.read_image(i)
             if geo["flipped"]:
                 image = T.flip_image(image)
             c2 = clock()
@@ -102,13 +102,10 @@ def stage_times(ds, pairs):
         kpts = T.transform_points(geo["keypoints"], geo["matrix"])
         c3 = clock()
         vis = geo["keypoints_visible"].astype(np.float32)
-        if ds._codec is not None:
-            ds._codec.encode(kpts[None], vis[None])
-        else:
-            ds._udp_weights(kpts, vis)
+        ds.targets(kpts, vis)
         c4 = clock()
-        ds._image_tensor(crop)
-        ds._meta(i, geo["center"], geo["scale_fixed"])
+        image_tensor(crop)
+        ds.sample_meta(i, geo["center"], geo["scale_fixed"])
         c5 = clock()
         for name, dt in zip(STAGES, (c2 - c1, c1 - c0, c3 - c2, c4 - c3, c5 - c4)):
             t[name] += dt
@@ -193,7 +190,7 @@ def main():
 
     with tempfile.TemporaryDirectory() as tmp:
         base = CocoKeypoints(ann, root, train=True, encode_targets=False)
-        info = C.build_crop_cache(base, Path(tmp) / "crop_cache", num_workers=1)
+        info = C.build_crop_cache(base.index, base.img_dir, Path(tmp) / "crop_cache", base.input_size, num_workers=1)
         print(f"crop cache: {info['instances']} instances in {info['regions']} regions, "
               f"{info['bytes'] / 2 ** 20:.2f} MiB ({info['bytes_per_instance'] / 1024:.0f} KiB per instance), "
               f"built in {info['seconds']:.2f} s")

@@ -106,6 +106,14 @@ def test_wrong_keypoints_length(mini):
     _raises([str(path), "annotation id 12", "'keypoints'", "51", "48"], lambda: CocoKeypoints(path, root))
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), None])
+def test_nonfinite_keypoint(mini, value):
+    root, data, write = mini
+    data["annotations"][1]["keypoints"][4] = value  # y of keypoint 1
+    path = write(data)
+    _raises([str(path), "annotation id 12", "'keypoints'", "non-finite"], lambda: CocoKeypoints(path, root))
+
+
 def test_negative_box(mini):
     root, data, write = mini
     data["annotations"][0]["bbox"] = [20, 10, -5, 80]

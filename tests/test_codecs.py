@@ -88,15 +88,16 @@ def test_udp_encode_merges_instances_by_max(udp_fx):
     np.testing.assert_array_equal(weights, np.concatenate([codec.encode(a, va)[1], codec.encode(b, vb)[1]]))
 
 
-def test_udp_encode_rejects_bad_input():
+def test_udp_encode_bad_shapes_and_nonfinite_keypoints():
     codec = UDPHeatmap()
-    with pytest.raises(ValueError, match="instance 0, keypoint 1"):
-        codec.encode(np.array([[[1.0, 2.0], [np.nan, 3.0]]]), np.ones((1, 2)))
     with pytest.raises(ValueError, match=r"\(N, K, 2\)"):
         codec.encode(np.zeros((17, 2)), np.ones(17))
-    # an invisible NaN keypoint is fine (unlabelled joints are often stored as NaN or 0)
-    heatmaps, weights = codec.encode(np.array([[[np.nan, np.nan]]]), np.zeros((1, 1)))
-    assert heatmaps.max() == 0 and weights[0, 0] == 0
+    # A labelled keypoint with a non-finite coordinate gets no Gaussian and weight 0 (the shared
+    # rule, gaussian_keypoint_weights); an unlabelled NaN keypoint keeps its visibility.
+    heatmaps, weights = codec.encode(np.array([[[1.0, 2.0], [np.nan, 3.0], [np.nan, np.nan]]]),
+                                     np.array([[1.0, 1.0, 0.0]]))
+    np.testing.assert_array_equal(weights, [[1, 0, 0]])
+    assert heatmaps[0].max() > 0.9 and heatmaps[1:].max() == 0
 
 
 # ----------------------------------------------------------------------------- UDP decode

@@ -1,6 +1,7 @@
 """Crop cache: crops equal the exact path's bit for bit, the region bound holds at the
 augmentation limits, stale caches are refused, and a crop the cache cannot serve is decoded."""
 
+import dataclasses
 import json
 import pickle
 import shutil
@@ -9,7 +10,10 @@ import numpy as np
 import pytest
 import torch
 
+from vitpose import build_crop_cache as tool
+from vitpose.builders import build_train_set
 from vitpose.coco_meta import LOWER_BODY_IDS, UPPER_BODY_IDS
+from vitpose.config import load_config
 from vitpose.data import crop_cache as C
 from vitpose.data import transforms as T
 from vitpose.data.coco import CocoKeypoints
@@ -22,7 +26,8 @@ KEYS = ("image", "keypoints", "keypoints_visible", "keypoint_weights", "center",
 
 def _pair(ann, img_dir, cache_dir, seed=0, share_regions=True):
     exact = CocoKeypoints(ann, img_dir, train=True, seed=seed, reduced_decode=False, encode_targets=False)
-    info = C.build_crop_cache(exact, cache_dir, num_workers=1, share_regions=share_regions)
+    info = C.build_crop_cache(exact.index, exact.img_dir, cache_dir, exact.input_size, num_workers=1,
+                              share_regions=share_regions)
     cached = CocoKeypoints(ann, img_dir, train=True, seed=seed, encode_targets=False, crop_cache=cache_dir)
     return exact, cached, info
 
@@ -57,8 +62,8 @@ def test_coco_mini_crops_are_bit_exact(mini):
 
 def test_synthetic_crops_are_bit_exact(synth):
     exact, cached, info = synth
-    wh = exact._img_wh[exact._inst_img]
-    boxes = cached._crop_cache._boxes[cached._crop_cache._instance_region]
+    wh = exact.index.image_sizes[exact.index.image_index]
+    boxes = np.array([cached.crop_cache.region(i)[1] for i in range(len(exact))])
     full = (boxes[:, 0] == 0) & (boxes[:, 1] == 0) & (boxes[:, 2] == wh[:, 0]) & (boxes[:, 3] == wh[:, 1])
     assert not full.all(), "the synthetic set should exercise regions smaller than the image"
     assert info["regions"] == len(exact)
@@ -73,7 +78,18 @@ ROTATIONS = (0.0, 30.0, 36.8699, -36.8699, -45.0, 53.1301, -53.1301, 80.0, -80.0
 
 
 def test_limits_are_the_spec_values():
-    assert C.augmentation_limits() == LIMITS
+    """One constant: the transforms' defaults and the cache's regions both read it."""
+    limits = T.AUGMENTATION_LIMITS
+    assert C.region_limits() == LIMITS
+    assert (limits.shift_factor, max(limits.scale_range), limits.half_body_padding,
+            limits.half_body_min_keypoints) == tuple(LIMITS.values())
+    assert (limits.scale_range, limits.rotate_limit, limits.rotate_prob, limits.shift_prob) == ((0.5, 1.5), 80.0, 0.6, 0.3)
+    assert (limits.flip_prob, limits.half_body_prob, limits.half_body_upper_prob) == (0.5, 0.3, 0.7)
+    # a change of the constant moves the regions (and so the fingerprint records it)
+    wider = dataclasses.replace(limits, shift_factor=0.3)
+    center, scale = np.array([[500.0, 500.0]]), np.array([[100.0, 200.0]])
+    args = (center, scale, None, np.zeros((1, 17)), np.array([[1000, 1000]]), 0.75)
+    assert np.all(C.instance_regions(*args, limits=wider)[:, :2] < C.instance_regions(*args)[:, :2])
 
 
 def _extreme_geometries(center, scale, keypoints, visible, width, flip_indices):
@@ -108,9 +124,9 @@ def _instance_extremes(ds, i):
 @pytest.mark.parametrize("which", ["mini", "synth"])
 def test_region_holds_every_crop_at_the_augmentation_limits(which, request):
     exact, cached, _ = request.getfixturevalue(which)
-    cache = cached._crop_cache
+    cache = cached.crop_cache
     for i in range(len(exact)):
-        wh = exact._img_wh[exact._inst_img[i]]
+        wh = exact.index.image_size(i)
         image = load_image(exact.image_path(i), expected_size=wh)[0]
         _, (rx0, ry0, rx1, ry1) = cache.region(i)
         for k, (flipped, center, scale, rot) in enumerate(_instance_extremes(exact, i)):
@@ -172,24 +188,30 @@ def test_stale_or_missing_cache_is_refused(mini, coco_mini_dir, tmp_path):
     ann = tmp_path / "changed.json"
     ann.write_text(json.dumps(data))
     with pytest.raises(DataError, match="crop cache was built for another annotation index"):
-        CocoKeypoints(ann, coco_mini_dir, train=True, crop_cache=cached._crop_cache.path)
+        CocoKeypoints(ann, coco_mini_dir, train=True, crop_cache=cached.crop_cache.path)
     with pytest.raises(DataError, match="another annotation index"):  # another crop aspect
         CocoKeypoints(coco_mini_dir / "test_coco.json", coco_mini_dir, train=True, input_size=(256, 256),
-                      heatmap_size=(64, 64), crop_cache=cached._crop_cache.path)
+                      heatmap_size=(64, 64), crop_cache=cached.crop_cache.path)
     with pytest.raises(DataError, match="crop cache not found"):
         CocoKeypoints(coco_mini_dir / "test_coco.json", coco_mini_dir, train=True, crop_cache=tmp_path / "none")
     with pytest.raises(ValueError, match="crop_cache is for training"):
-        CocoKeypoints(coco_mini_dir / "test_coco.json", coco_mini_dir, crop_cache=cached._crop_cache.path)
+        CocoKeypoints(coco_mini_dir / "test_coco.json", coco_mini_dir, crop_cache=cached.crop_cache.path)
 
 
-def test_crop_outside_the_region_is_decoded_exactly(mini):
+def test_crop_outside_the_region_is_decoded_exactly(mini, tmp_path):
     exact, cached, _ = mini
-    shrunk = pickle.loads(pickle.dumps(cached._crop_cache))  # also: pickles without its pixels
-    assert shrunk._pixels is None
-    shrunk._boxes = shrunk._boxes.copy()
-    shrunk._boxes[:, 2:] = shrunk._boxes[:, :2] + 4  # claims 4x4 px regions: every crop misses
+    cache = cached.crop_cache
+    cached[0]  # maps the pixel file; a pickled cache (for a loader worker) still leaves it out
+    assert len(pickle.dumps(cache)) < cache.nbytes() / 10
+    # A copy of the cache whose index claims 4x4 px regions: every crop misses them.
+    shrunk_dir = tmp_path / "shrunk"
+    shutil.copytree(cache.path, shrunk_dir)
+    with np.load(shrunk_dir / C.INDEX_FILE) as f:
+        arrays = dict(f)
+    arrays["region_boxes"][:, 2:] = arrays["region_boxes"][:, :2] + 4
+    np.savez(shrunk_dir / C.INDEX_FILE, **arrays)
     ds = CocoKeypoints(exact.ann_file, exact.img_dir, train=True, seed=exact.seed, encode_targets=False,
-                       crop_cache=shrunk)
+                       crop_cache=shrunk_dir)
     for i in range(4):
         assert torch.equal(ds[(i, 1)]["image"], exact[(i, 1)]["image"])
     assert ds.crop_cache_misses == 4
@@ -201,11 +223,31 @@ def test_unreadable_image_is_left_out(coco_mini_dir, tmp_path):
     jpg = root / "000000040083.jpg"
     jpg.write_bytes(jpg.read_bytes()[:5000])  # truncated
     ds = CocoKeypoints(root / "test_coco.json", root, train=True, encode_targets=False, max_bad_images=0)
-    info = C.build_crop_cache(ds, tmp_path / "cache", num_workers=1)
+    info = C.build_crop_cache(ds.index, ds.img_dir, tmp_path / "cache", ds.input_size, num_workers=1)
     assert info["images_left_out"] == 1
     cached = CocoKeypoints(root / "test_coco.json", root, train=True, encode_targets=False,
                            max_bad_images=0, crop_cache=tmp_path / "cache")
     bad = [i for i in range(len(ds)) if ds.image_path(i) == jpg]
-    assert bad and all(cached._crop_cache.region(i) is None for i in bad)
+    assert bad and all(cached.crop_cache.region(i) is None for i in bad)
     with pytest.raises(DataError, match="truncated"):  # the exact path names the file
         cached[bad[0]]
+
+
+def test_command_line_builds_the_cache_of_the_configs_training_set(tmp_path, capsys):
+    """`python -m vitpose.build_crop_cache --config CFG` builds the cache for the set
+    build_train_set makes from the config, which then trains from it with the exact crops."""
+    paths = make_coco(tmp_path / "coco", num_images=3, seed=4, split="train")
+    cfg_file = tmp_path / "run.yaml"
+    cfg_file.write_text(f"data:\n  root: {paths.root}\n  crop_cache: crop_cache/train2017\n")
+    assert tool.main(["--config", str(cfg_file), "--workers", "1", "--set", "train.seed=3"]) == 0
+    assert "instances in" in capsys.readouterr().out
+    cfg = load_config(cfg_file, ["train.seed=3"])
+    cached = build_train_set(cfg)
+    assert cached.crop_cache is not None and cached.crop_cache.path == paths.root / "crop_cache/train2017"
+    cfg.data.crop_cache, cfg.data.reduced_decode = None, False
+    exact = build_train_set(cfg)
+    _assert_same_samples(exact, cached, range(2))
+    # without a cache path it refuses before any work
+    cfg_file.write_text(f"data:\n  root: {paths.root}\n")
+    assert tool.main(["--config", str(cfg_file)]) == 2
+    assert "no cache path" in capsys.readouterr().err

@@ -1,7 +1,9 @@
 """CocoKeypoints: sample layout, determinism, targets, the fast train path's tolerance, index size."""
 
+import dataclasses
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,6 +12,9 @@ import torch
 from vitpose.codecs.udp import UDPHeatmap
 from vitpose.data import transforms as T
 from vitpose.data.coco import CocoKeypoints
+from vitpose.data.coco_index import build_coco_index
+
+DETECTION_IDS = Path(__file__).parent / "fixtures" / "detection_ids.json"
 
 
 @pytest.fixture(scope="module")
@@ -57,22 +62,12 @@ def test_targets_are_the_codec_of_the_crop_keypoints(coco_mini_dir, train_ds):
             np.testing.assert_array_equal(t["keypoint_weights"].numpy(), s["keypoint_weights"].numpy())
 
 
-def test_udp_weights_rule_on_edge_keypoints(train_ds):
-    codec = UDPHeatmap()
-    kpts = np.array([[-30, 10], [-27.9, 10], [-28.5, 10], [220, 300], [216.6, 280.1], [10, -29],
-                     [100, 100], [-100, -100], [191, 255], [0, 0], [-24.4, 5], [240, 5], [5, 290],
-                     [213, 10], [10, 284.4], [-25, -25], [214, 285]], np.float32)
-    vis = np.array([1, 1, 1, 1, 1, 1, 0, 0.2, 1, 1, 1, 1, 1, 1, 1, 1, 1], np.float32)
-    _, weights = codec.encode(kpts[None], vis[None])
-    np.testing.assert_array_equal(train_ds._udp_weights(kpts, vis), weights[0])
-
-
 def test_reduced_decode_within_tolerance(coco_mini_dir):
-    """The default train path decodes big boxes at 1/2 (or less): keypoints and targets are
+    """The opt-in reduced path decodes big boxes at 1/2 (or less): keypoints and targets are
     identical; pixels differ by the resampling only (mean abs difference <= 6 grey levels per
     crop, <= 4 on average; measured about 2.3-4.8 and 3.0). Crops with only the flip folded
     into the warp differ by 1/32-px rounding (mean <= 0.05; measured 0.01)."""
-    ds = CocoKeypoints(coco_mini_dir / "test_coco.json", coco_mini_dir, train=True)
+    ds = CocoKeypoints(coco_mini_dir / "test_coco.json", coco_mini_dir, train=True, reduced_decode=True)
     reduced, folded = [], []
     for epoch in range(12):
         for i in range(len(ds)):
@@ -94,6 +89,23 @@ def test_reduced_decode_within_tolerance(coco_mini_dir):
     assert torch.equal(a["keypoints"], b["keypoints"]) and torch.equal(a["heatmaps"], b["heatmaps"])
 
 
+def test_default_training_crops_are_exact(coco_mini_dir):
+    """By default (no reduced decoding) a training crop is the full-resolution warp, also for
+    the boxes that reduced decoding would shrink."""
+    ds = CocoKeypoints(coco_mini_dir / "test_coco.json", coco_mini_dir, train=True, encode_targets=False)
+    shrinking = 0
+    for epoch in range(16):
+        for i in range(len(ds)):
+            geo = ds.augment_geometry(i, np.random.default_rng((ds.seed, epoch, i)))
+            if T.choose_reduction(geo["scale_fixed"]) == 1:
+                continue
+            shrinking += 1
+            exact = torch.from_numpy(np.ascontiguousarray(ds.render_crop(i, geo, reduced=False)[:, :, ::-1]
+                                                          .transpose(2, 0, 1)))
+            assert torch.equal(ds[(i, epoch)]["image"], exact), (i, epoch)
+    assert shrinking >= 1
+
+
 def test_validation_has_no_randomness(coco_mini_dir):
     ds = CocoKeypoints(coco_mini_dir / "test_coco.json", coco_mini_dir)
     a = ds[(2, 0)]
@@ -102,6 +114,55 @@ def test_validation_has_no_randomness(coco_mini_dir):
     assert torch.equal(ds[-1]["image"], ds[len(ds) - 1]["image"])
     with pytest.raises(IndexError):
         ds[len(ds)]
+
+
+def test_detection_ids_are_numbered_before_the_score_filter(tmp_path):
+    """MMPose numbers the person boxes in file order, then drops low scores: a kept box keeps
+    its number. Checked against MMPose 1.3.2's CocoDataset on the same files
+    (tools/reference/make_detection_ids.py), at thresholds that drop some boxes."""
+    ref = json.loads(DETECTION_IDS.read_text())
+    ann, det = tmp_path / "ann.json", tmp_path / "det.json"
+    ann.write_text(json.dumps({"images": ref["images"], "annotations": []}))
+    det.write_text(json.dumps(ref["detections"]))
+    people = [j for j, d in enumerate(ref["detections"]) if d["category_id"] == 1]
+    for case in ref["cases"]:
+        thr = case["bbox_score_thr"]
+        index = build_coco_index(ann, det, bbox_score_thr=thr)
+        np.testing.assert_array_equal(index.ids, case["ids"], err_msg=str(thr))
+        np.testing.assert_array_equal(index.image_ids[index.image_index], case["image_ids"])
+        np.testing.assert_array_equal(index.bbox_score, np.float32(case["bbox_score"]))
+        np.testing.assert_array_equal(index.bbox_xyxy, np.float32(case["bbox_xyxy"]))
+        # the kept numbers are the boxes' positions among the file's person boxes
+        kept = [j for j in people if np.float32(ref["detections"][j]["score"]) >= np.float32(thr)]
+        assert [people.index(j) for j in kept] == case["ids"]
+        assert index.dropped.get("not a person") == len(ref["detections"]) - len(people)
+        ds = CocoKeypoints(ann, tmp_path, bbox_file=det, bbox_score_thr=thr)
+        assert ds.index.ids.tolist() == case["ids"]
+    assert any(len(c["ids"]) < len(people) and c["ids"] != list(range(len(c["ids"]))) for c in ref["cases"])
+
+
+def test_index_is_frozen_and_can_be_shared(coco_mini_dir):
+    ann = coco_mini_dir / "test_coco.json"
+    index = build_coco_index(ann)
+    assert len(index) == 12 and index.has_keypoints and index.dropped == {"num_keypoints == 0": 2}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        index.ids = index.ids[:3]
+    with pytest.raises(ValueError, match="read-only"):
+        index.keypoints[0, 0, 0] = 1.0
+    # a dataset given the index samples what a dataset that builds its own samples
+    shared = CocoKeypoints(ann, coco_mini_dir, train=True, seed=2, index=index)
+    own = CocoKeypoints(ann, coco_mini_dir, train=True, seed=2)
+    for key in ("image", "keypoints", "heatmaps", "bbox"):
+        assert torch.equal(shared[(5, 3)][key], own[(5, 3)][key]), key
+    assert shared.index is index
+    # an index of other files (or another threshold) is refused
+    with pytest.raises(ValueError, match="the index was built from"):
+        CocoKeypoints(ann, coco_mini_dir, bbox_file=coco_mini_dir / "test_coco_det_AP_H_56.json", index=index)
+    detections = build_coco_index(ann, coco_mini_dir / "test_coco_det_AP_H_56.json", bbox_score_thr=0.5)
+    with pytest.raises(ValueError, match="bbox_score_thr=0.0"):
+        CocoKeypoints(ann, coco_mini_dir, bbox_file=coco_mini_dir / "test_coco_det_AP_H_56.json", index=detections)
+    assert not detections.has_keypoints and detections.keypoints is None
+    assert detections.record(0) == f"detection {detections.ids[0]} (image id {detections.image_id(0)})"
 
 
 def test_synthetic_set_loads(tmp_path):
@@ -144,7 +205,7 @@ def test_index_size_scales_to_coco_train(tmp_path):
     assert len(ds) == sum(1 for _ in range(15000)) - ds.dropped.get("num_keypoints == 0", 0)
     per_instance = ds.index_nbytes() / len(ds)
     assert per_instance * 150_000 < 100e6, per_instance
-    assert ds._keypoints.dtype == np.float32 and ds._ids.dtype == np.int64
+    assert ds.index.keypoints.dtype == np.float32 and ds.index.ids.dtype == np.int64
 
 
 @pytest.mark.slow

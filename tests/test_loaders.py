@@ -246,7 +246,7 @@ from vitpose.config import LoaderConfig
 
 if sys.argv[1] == "unguarded":
     import contextlib
-    loaders._cv2_threads_parked = contextlib.nullcontext
+    loaders.cv2_threads_parked = contextlib.nullcontext
 
 big = np.random.default_rng(0).integers(0, 256, (800, 800, 3), dtype=np.uint8)
 

@@ -40,7 +40,7 @@ def test_gt_instances_match_mmpose(val_gt, ref):
     np.testing.assert_array_equal(np.stack([s["center"].numpy() for s in samples]), ref["bbox_center"])
     np.testing.assert_array_equal(np.stack([s["scale"].numpy() for s in samples]), ref["bbox_scale"])
     np.testing.assert_array_equal([s["bbox_score"] for s in samples], ref["bbox_score"])
-    np.testing.assert_array_equal(val_gt._bbox_xyxy, ref["bbox_xyxy"])
+    np.testing.assert_array_equal(val_gt.index.bbox_xyxy, ref["bbox_xyxy"])
     np.testing.assert_allclose([s["area"] for s in samples], ref["bbox_scale"].prod(axis=1), rtol=1e-6)
 
 
@@ -64,9 +64,9 @@ def test_gt_keypoints_through_the_warp(val_gt, ref):
 
 def test_detection_boxes_match_mmpose(val_det, ref):
     assert len(val_det) == 118
-    np.testing.assert_array_equal(val_det._bbox_xyxy, ref["det_bbox_xyxy"])
-    np.testing.assert_array_equal(val_det._bbox_score, ref["det_bbox_score"])
-    np.testing.assert_array_equal(val_det._center, ref["det_bbox_center"])
+    np.testing.assert_array_equal(val_det.index.bbox_xyxy, ref["det_bbox_xyxy"])
+    np.testing.assert_array_equal(val_det.index.bbox_score, ref["det_bbox_score"])
+    np.testing.assert_array_equal(val_det.index.center, ref["det_bbox_center"])
     for i in (0, 21, 22, 60, 117):
         s = val_det[i]
         assert s["image_id"] == ref["det_img_id"][i] and s["id"] == i

@@ -111,7 +111,7 @@ def test_deterministic(tmp_path):
 
 def _scenes(n, seed=0):
     for i in range(n):
-        yield synthetic._synthesize_image(synthetic._image_rng(seed, "train", i), 320, 240, 4)
+        yield synthetic.synthesize_image(synthetic.image_rng(seed, "train", i), 320, 240, 4)
 
 
 def test_visible_keypoints_are_drawn_where_labelled():

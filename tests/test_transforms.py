@@ -167,3 +167,25 @@ def test_reduced_source_matrix_keeps_the_dot():
     assert T.choose_reduction(scale_fixed) == 2
     assert T.choose_reduction(scale_fixed / 2) == 1
     assert T.choose_reduction(scale_fixed * 4) == 8
+
+
+def test_defaults_come_from_the_one_augmentation_constant():
+    """The transforms' defaults are AUGMENTATION_LIMITS' fields (the crop cache reads the same
+    constant to bound its regions), and they are MMPose's values."""
+    import inspect
+
+    limits = T.AUGMENTATION_LIMITS
+    defaults = {name: p.default for fn in (T.random_flip, T.random_half_body, T.random_bbox_transform)
+                for name, p in inspect.signature(fn).parameters.items() if name != "prob"}
+    assert inspect.signature(T.random_flip).parameters["prob"].default == limits.flip_prob == 0.5
+    assert inspect.signature(T.random_half_body).parameters["prob"].default == limits.half_body_prob == 0.3
+    pairs = {"min_total_keypoints": (limits.half_body_min_keypoints, 9),
+             "min_upper_keypoints": (limits.half_body_min_upper_keypoints, 2),
+             "min_lower_keypoints": (limits.half_body_min_lower_keypoints, 3),
+             "padding": (limits.half_body_padding, 1.5),
+             "upper_prioritized_prob": (limits.half_body_upper_prob, 0.7),
+             "shift_factor": (limits.shift_factor, 0.16), "shift_prob": (limits.shift_prob, 0.3),
+             "scale_factor": (limits.scale_range, (0.5, 1.5)), "scale_prob": (limits.scale_prob, 1.0),
+             "rotate_factor": (limits.rotate_limit, 80.0), "rotate_prob": (limits.rotate_prob, 0.6)}
+    for name, (field_value, mmpose_value) in pairs.items():
+        assert defaults[name] == field_value == mmpose_value, name

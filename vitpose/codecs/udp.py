@@ -7,20 +7,24 @@ Sizes are (w, h) and keypoints (x, y), MMPose's conventions. The numbers reprodu
   so a round trip drifts by up to +1 px at the far edge. This is MMPose's behaviour and the
   published numbers contain it, so it is kept on purpose.
 * keypoint_weights is a copy of the visibility (fractional values pass through); it becomes 0
-  only when the whole 3-sigma window misses the heatmap.
+  only when the whole 3-sigma window misses the heatmap (`gaussian_keypoint_weights`, the one
+  copy of that rule, shared with the torch encode and the dataset's lazy-target path).
 * decode refines the argmax with one Newton step on the log of a blurred map (DARK for UDP).
 
 Everything is vectorised over instances, keypoints and batches; there is no per-joint loop.
 The helpers `heatmap_maximum` and `blur_heatmaps` are shared with the MSRA codec.
 """
 
+import math
+
 import cv2
 import numpy as np
 
-__all__ = ["UDPHeatmap", "blur_heatmaps", "heatmap_maximum", "window_gaussian_heatmaps"]
+__all__ = ["UDPHeatmap", "blur_heatmaps", "gaussian_keypoint_weights", "heatmap_maximum", "udp_stride",
+           "window_gaussian_heatmaps"]
 
-# Keypoints further than this from the map (in heatmap cells) are clipped before the integer
-# cast: they are far outside either way, and the clip keeps int64 arithmetic from overflowing.
+# Keypoints further than this from the map (in heatmap cells) are never drawn; they are clipped
+# before the integer cast only to keep the int64 arithmetic from overflowing.
 _FAR = 1.0e6
 
 
@@ -57,13 +61,66 @@ def _check_keypoints(keypoints, keypoints_visible, codec_name):
         raise ValueError(
             f"{codec_name}.encode: keypoints_visible must have shape {keypoints.shape[:2]}, "
             f"got {keypoints_visible.shape}")
-    bad = (keypoints_visible >= 0.5) & ~np.isfinite(keypoints).all(-1)
-    if bad.any():
-        n, k = np.argwhere(bad)[0]
-        raise ValueError(
-            f"{codec_name}.encode: visible keypoint (instance {n}, keypoint {k}) has a non-finite "
-            f"coordinate {keypoints[n, k].tolist()}")
     return keypoints, keypoints_visible
+
+
+def udp_stride(input_size, heatmap_size):
+    """Input pixels per heatmap cell of the UDP codec, (w - 1) / (W - 1) and (h - 1) / (H - 1),
+    rounded to float32 as MMPose does: keypoints are divided by this to reach heatmap cells."""
+    return ((np.array(input_size) - 1) / (np.array(heatmap_size) - 1)).astype(np.float32)
+
+
+def _array_module(array):
+    """numpy for numpy arrays, torch for tensors (imported only when a tensor comes in)."""
+    if type(array).__module__.split(".")[0] == "torch":
+        import torch
+
+        return torch
+    return np
+
+
+def gaussian_keypoint_weights(keypoints_hm, keypoints_visible, heatmap_size, sigma):
+    """The keypoint weights of MMPose's windowed Gaussian targets (UDP, and MSRA's plain one).
+
+    The rule, for numpy arrays and torch tensors alike (the numpy encode, the torch encode and
+    the dataset's weights without heatmaps all call this): the weight is the visibility; a
+    labelled keypoint (visibility >= 0.5) whose (6 sigma + 1)-cell window lies entirely off the
+    map gets weight 0 and no Gaussian. A labelled keypoint with a non-finite coordinate gets the
+    same treatment: MMPose casts NaN to an integer (undefined behaviour), and weight 0 is the
+    only answer that cannot poison the loss.
+
+    MMPose tests the window with integer casts: mu = int(k + 0.5), left = int(mu - 3 sigma),
+    right = int(mu + 3 sigma + 1), and drops the keypoint when left >= W or right < 0 (same for
+    y with H). For an integer A >= 1, int(t) >= A exactly when t >= A, and for an integer
+    B <= -1, int(t) <= B exactly when t <= B; so the rule is two comparisons of t = k + 0.5
+    (computed in the keypoints' dtype, as MMPose does) with integer thresholds. That needs no
+    integer cast, so it is defined for any magnitude, and equals MMPose wherever MMPose's
+    int64 cast is defined.
+
+    Args:
+        keypoints_hm: (..., K, 2) keypoints in heatmap cells (numpy array or torch tensor).
+        keypoints_visible: (..., K) visibility, same kind and float dtype as the weights wanted.
+        heatmap_size: (W, H).
+        sigma: Gaussian sigma in cells (the window radius is 3 sigma).
+
+    Returns:
+        (weights (..., K), drawn (..., K) bool): the weights, and which keypoints get a Gaussian.
+    """
+    xp = _array_module(keypoints_hm)
+    radius = float(sigma) * 3
+    width, height = int(heatmap_size[0]), int(heatmap_size[1])
+    # left >= W  <=>  mu >= W + radius  <=>  t >= ceil(W + radius)
+    x_beyond, y_beyond = math.ceil(width + radius), math.ceil(height + radius)
+    # right < 0  <=>  mu + radius + 1 <= -1  <=>  t <= floor(-radius - 2)
+    before = math.floor(-radius - 2)
+    t = keypoints_hm + 0.5
+    x, y = t[..., 0], t[..., 1]
+    off_map = (x >= x_beyond) | (y >= y_beyond) | (x <= before) | (y <= before)
+    off_map = off_map | ~xp.isfinite(t).all(-1)
+    labelled = keypoints_visible >= 0.5
+    dropped = labelled & off_map
+    weights = xp.where(dropped, xp.zeros_like(keypoints_visible), keypoints_visible)
+    return weights, labelled & ~off_map
 
 
 def window_gaussian_heatmaps(heatmap_size, keypoints_hm, keypoints_visible, sigma, subpixel):
@@ -76,22 +133,20 @@ def window_gaussian_heatmaps(heatmap_size, keypoints_hm, keypoints_visible, sigm
     Returns heatmaps (K, H, W) float32 (instances merged by max) and weights (N, K) float32.
     """
     W, H = heatmap_size
-    weights = np.array(keypoints_visible, dtype=np.float32, copy=True)
+    weights, drawn = gaussian_keypoint_weights(keypoints_hm, np.asarray(keypoints_visible, np.float32),
+                                               heatmap_size, sigma)
     radius = sigma * 3
     window = 2 * radius + 1
     window_cells = len(np.arange(0, window, 1))  # what MMPose's arange gives
     centre_in_window = window // 2
 
-    # Invisible keypoints may be NaN (unlabelled); they are never drawn, so any finite stand-in works.
+    # Keypoints that are not drawn may be NaN or huge; any finite stand-in keeps the integer
+    # arithmetic below defined (drawn keypoints are near the map and pass unchanged).
     kpt = np.clip(np.nan_to_num(keypoints_hm, nan=0.0), -_FAR, _FAR)
     # Python's int() of (x + 0.5): truncation toward zero, so -0.7 -> 0, not -1.
     mu = (kpt + 0.5).astype(np.int64)
     low = (mu - radius).astype(np.int64)             # left, top
     high = (mu + radius + 1).astype(np.int64)        # right, bottom (exclusive)
-    drawn = keypoints_visible >= 0.5
-    misses = (low[..., 0] >= W) | (low[..., 1] >= H) | (high[..., 0] < 0) | (high[..., 1] < 0)
-    weights[drawn & misses] = 0
-    drawn &= ~misses
 
     # Window centre in window coordinates, rounded to float32 once as MMPose's numpy 1.x did.
     if subpixel:
@@ -236,7 +291,7 @@ class UDPHeatmap:
         self.sigma = sigma
         self.blur_kernel_size = blur_kernel_size
         # float32 as in MMPose: the division below must round the same way.
-        self.scale_factor = ((np.array(self.input_size) - 1) / (np.array(self.heatmap_size) - 1)).astype(np.float32)
+        self.scale_factor = udp_stride(self.input_size, self.heatmap_size)
 
     def __repr__(self):
         return (f"{type(self).__name__}(input_size={self.input_size}, heatmap_size={self.heatmap_size}, "
@@ -248,6 +303,12 @@ class UDPHeatmap:
         keypoints, keypoints_visible = _check_keypoints(keypoints, keypoints_visible, type(self).__name__)
         return window_gaussian_heatmaps(self.heatmap_size, keypoints / self.scale_factor,
                                         keypoints_visible, self.sigma, subpixel=True)
+
+    def keypoint_weights(self, keypoints, keypoints_visible=None):
+        """The keypoint_weights of `encode` (N, K) float32 without drawing the heatmaps."""
+        keypoints, keypoints_visible = _check_keypoints(keypoints, keypoints_visible, type(self).__name__)
+        return gaussian_keypoint_weights(keypoints / self.scale_factor, keypoints_visible,
+                                         self.heatmap_size, self.sigma)[0]
 
     def decode(self, heatmaps):
         """heatmaps (K, H, W) -> keypoints (1, K, 2) float64 in input pixels, scores (1, K) float32."""

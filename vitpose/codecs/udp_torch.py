@@ -3,26 +3,28 @@
 The trainer encodes targets next to the model, so only (B, K, 2) keypoints cross the PCIe bus
 instead of (B, K, 64, 48) heatmaps. The numbers equal `UDPHeatmap.encode` (MMPose's UDP
 Gaussian) to float32 rounding of exp: same integer centre int(x + 0.5) (truncation toward zero),
-same 3-sigma window, same weight rules. All arithmetic is float32/int64, so it also runs where
-float64 is missing.
+same 3-sigma window, and the weight rule itself is the numpy codec's function
+(`gaussian_keypoint_weights`, written once for arrays and tensors). All arithmetic is
+float32/int64, so it also runs where float64 is missing.
 """
 
 import numpy as np
 import torch
 
+from .udp import gaussian_keypoint_weights, udp_stride
+
 __all__ = ["udp_encode_torch"]
 
-_FAR = 1.0e6  # see vitpose.codecs.udp: clip far-away keypoints before the integer cast
+_FAR = 1.0e6  # see vitpose.codecs.udp: clip keypoints that are not drawn before the integer cast
 
 
 def udp_encode_torch(keypoints, keypoints_visible, input_size=(192, 256), heatmap_size=(48, 64), sigma=2.0):
     """keypoints (B, K, 2) in input-crop pixels, keypoints_visible (B, K) ->
     heatmaps (B, K, H, W) float32, keypoint_weights (B, K) float32, on keypoints.device.
 
-    keypoint_weights copies the visibility (fractional values pass through); visibility < 0.5
-    draws nothing; a visible keypoint whose 13x13 window misses the map gets weight 0. A visible
-    keypoint with a non-finite coordinate is treated the same way (no target, weight 0) rather
-    than checked on the host, which would synchronise the device.
+    The weights follow `gaussian_keypoint_weights` (the rule the numpy codec uses): the
+    visibility, and 0 for a labelled keypoint whose 13x13 window misses the map or whose
+    coordinates are not finite; visibility < 0.5 draws nothing.
     """
     keypoints = torch.as_tensor(keypoints)
     device = keypoints.device
@@ -35,12 +37,11 @@ def udp_encode_torch(keypoints, keypoints_visible, input_size=(192, 256), heatma
             f"got {tuple(keypoints_visible.shape)}")
     W, H = int(heatmap_size[0]), int(heatmap_size[1])
     # The float32 stride MMPose divides by: (w - 1) / (W - 1), rounded to float32.
-    stride = np.float32((input_size[0] - 1) / (W - 1)), np.float32((input_size[1] - 1) / (H - 1))
-    stride = torch.tensor([float(stride[0]), float(stride[1])], dtype=torch.float32, device=device)
+    stride = torch.from_numpy(udp_stride(input_size, heatmap_size)).to(device)
 
     visible = keypoints_visible.to(torch.float32)
     keypoints_hm = keypoints.to(torch.float32) / stride
-    finite = torch.isfinite(keypoints_hm).all(-1)
+    weights, drawn = gaussian_keypoint_weights(keypoints_hm, visible, heatmap_size, sigma)
     keypoints_hm = torch.nan_to_num(keypoints_hm, nan=0.0).clamp(-_FAR, _FAR)
 
     radius = sigma * 3
@@ -51,9 +52,6 @@ def udp_encode_torch(keypoints, keypoints_visible, input_size=(192, 256), heatma
     mu = (keypoints_hm + 0.5).long()  # truncation toward zero, like Python's int()
     low = (mu.float() - radius).long()
     high = (mu.float() + radius + 1).long()
-    misses = (low[..., 0] >= W) | (low[..., 1] >= H) | (high[..., 0] < 0) | (high[..., 1] < 0) | ~finite
-    drawn = (visible >= 0.5) & ~misses
-    weights = torch.where((visible >= 0.5) & misses, torch.zeros_like(visible), visible)
 
     # keypoints_hm - mu is exact in float32 (|difference| < 1), so this rounds once, like MMPose.
     centre = centre_in_window + (keypoints_hm - mu.float())

@@ -1,7 +1,8 @@
 """Prepared crop regions: training without decoding a JPEG per sample, with bit-exact crops.
 
-A training crop is a warp of a bounded part of its image. The augmentation limits (transforms.py,
-MMPose's defaults) bound that part for each instance before any draw is made:
+A training crop is a warp of a bounded part of its image. The augmentation limits
+(`transforms.AUGMENTATION_LIMITS`, MMPose's defaults, the constant the transforms take their
+defaults from) bound that part for each instance before any draw is made:
 - RandomBBoxTransform moves the centre by at most `shift_factor` x the padded scale per axis,
   enlarges the scale at most `max(scale_factor)` times, and rotates by any angle up to 80 deg,
   so the crop's source rectangle (the aspect-fixed scale S around the centre) lies inside the
@@ -23,23 +24,20 @@ reads lie inside the stored region; if not (a bug, or changed augmentation defau
 back to decoding the image (`CocoKeypoints.crop_cache_misses` counts these).
 
 Disk cost: the stored regions are about as large as the decoded images (most of a COCO image
-for a large person, a small window for a small one); `python -m vitpose.data.crop_cache`
-prints the bytes per instance. The cache records a fingerprint of the annotation index it was
-built for (instance ids, image names and sizes, boxes, keypoints, augmentation limits, aspect
-ratio) and refuses to serve a dataset with another one; replacing image files needs a rebuild.
+for a large person, a small window for a small one); `python -m vitpose.build_crop_cache`
+prints the bytes per instance. The cache records a fingerprint of the `CocoIndex` it was built
+for (instance ids, image names and sizes, boxes, keypoints, augmentation limits, aspect ratio)
+and refuses to serve a dataset with another one; replacing image files needs a rebuild.
 
-    python -m vitpose.data.crop_cache --config configs/vitpose_s.yaml   # writes data.crop_cache
+    python -m vitpose.build_crop_cache --config configs/vitpose_s.yaml   # writes data.crop_cache
 """
 
-import argparse
 import hashlib
-import inspect
 import json
 import logging
 import math
 import os
 import shutil
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -47,15 +45,17 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from . import transforms as T
+from .coco_index import CocoIndex
 from .errors import DataError
 from .image_io import load_image
+from .transforms import AUGMENTATION_LIMITS, AugmentationLimits
 
 log = logging.getLogger(__name__)
 
 CACHE_VERSION = 1
 PIXELS_FILE = "pixels.npy"
 INDEX_FILE = "index.npz"
+REBUILD_HINT = "rebuild it with `python -m vitpose.build_crop_cache --config CFG`"
 # Pixels bilinear warping may read around the exact footprint of the crop's pixel centres:
 # floor(x) - 1 after fixed-point rounding, and floor(x) + 1 (+1 for an exclusive end).
 _READ_BEFORE, _READ_AFTER = 1, 3
@@ -63,27 +63,26 @@ _READ_BEFORE, _READ_AFTER = 1, 3
 _REGION_BEFORE, _REGION_AFTER, _REL_SLACK = 2, 4, 1e-4
 
 
-def augmentation_limits():
-    """The limits of the train augmentation the regions must cover, read from transforms.py's
-    defaults (which the dataset uses), so a change there invalidates old caches."""
-    bbox = inspect.signature(T.random_bbox_transform).parameters
-    half = inspect.signature(T.random_half_body).parameters
+def region_limits(limits: AugmentationLimits = AUGMENTATION_LIMITS) -> dict:
+    """The augmentation limits the regions depend on (recorded in the cache and its fingerprint,
+    so a change of any of them invalidates old caches). Rotation needs no entry: the regions
+    cover every angle."""
     return {
-        "shift_factor": float(bbox["shift_factor"].default),
-        "max_scale_factor": float(max(bbox["scale_factor"].default)),
-        "half_body_padding": float(half["padding"].default),
-        "half_body_min_keypoints": int(half["min_total_keypoints"].default),
+        "shift_factor": float(limits.shift_factor),
+        "max_scale_factor": float(max(limits.scale_range)),
+        "half_body_padding": float(limits.half_body_padding),
+        "half_body_min_keypoints": int(limits.half_body_min_keypoints),
     }
 
 
 # ------------------------------------------------------------------------------ bounds
 
-def _reach(center_lo, center_hi, scale, aspect_ratio, limits):
+def _reach(center_lo, center_hi, scale, aspect_ratio, limits: AugmentationLimits):
     """Image-space interval any crop can cover when its (padded) box has a centre in
     [center_lo, center_hi] and a scale of at most `scale` (all (N, 2))."""
     scale = np.asarray(scale, np.float64)
-    shift = limits["shift_factor"] * scale
-    largest = limits["max_scale_factor"] * scale
+    shift = limits.shift_factor * scale
+    largest = max(limits.scale_range) * scale
     # Aspect fix: the crop box height is max(w / aspect, h); any rotation stays inside the
     # circle around the centre through the corners of the box.
     height = np.maximum(largest[:, 0] / aspect_ratio, largest[:, 1])
@@ -94,7 +93,8 @@ def _reach(center_lo, center_hi, scale, aspect_ratio, limits):
     return lo, hi
 
 
-def instance_regions(center, scale, keypoints, visible, image_wh, aspect_ratio=0.75, limits=None):
+def instance_regions(center, scale, keypoints, visible, image_wh, aspect_ratio=0.75,
+                     limits: AugmentationLimits = AUGMENTATION_LIMITS):
     """Every image pixel any training augmentation of each instance can read.
 
     center, scale (N, 2): the padded box (1.25) before augmentation; keypoints (N, K, 2) and
@@ -102,15 +102,14 @@ def instance_regions(center, scale, keypoints, visible, image_wh, aspect_ratio=0
     exclusive ends, clipped to the image (so a region edge that is not an image edge is
     never reached).
     """
-    limits = limits or augmentation_limits()
     lo, hi = _reach(center, center, scale, aspect_ratio, limits)
     labelled = np.asarray(visible) > 0
     if keypoints is not None and labelled.any():
         pts = np.asarray(keypoints, np.float64)
         k_lo = np.where(labelled[..., None], pts, np.inf).min(axis=1)
         k_hi = np.where(labelled[..., None], pts, -np.inf).max(axis=1)
-        half_body = labelled.sum(axis=1) >= limits["half_body_min_keypoints"]
-        extent = np.where(half_body[:, None], k_hi - k_lo, 0.0) * limits["half_body_padding"]
+        half_body = labelled.sum(axis=1) >= limits.half_body_min_keypoints
+        extent = np.where(half_body[:, None], k_hi - k_lo, 0.0) * limits.half_body_padding
         h_lo, h_hi = _reach(np.where(half_body[:, None], k_lo, 0.0), np.where(half_body[:, None], k_hi, 0.0),
                             extent, aspect_ratio, limits)
         lo = np.where(half_body[:, None], np.minimum(lo, h_lo), lo)
@@ -161,18 +160,17 @@ def warp_window(pixels, window, inverse, input_size):
 
 # ----------------------------------------------------------------------------- fingerprint
 
-def dataset_fingerprint(dataset):
+def index_fingerprint(index: CocoIndex, input_size) -> str:
     """sha256 of what the regions depend on: the instances, their images, boxes, keypoints,
-    the augmentation limits and the crop's aspect ratio."""
+    the augmentation limits and the crop's aspect ratio (input_size (w, h))."""
     h = hashlib.sha256()
-    meta = {"version": CACHE_VERSION, "limits": augmentation_limits(),
-            "aspect_ratio": dataset.input_size[0] / dataset.input_size[1]}
+    meta = {"version": CACHE_VERSION, "limits": region_limits(),
+            "aspect_ratio": input_size[0] / input_size[1]}
     h.update(json.dumps(meta, sort_keys=True).encode())
-    img = dataset._inst_img
-    for a in (dataset._ids, dataset._img_wh[img], dataset._center, dataset._scale,
-              dataset._keypoints, dataset._visible):
+    for a in (index.ids, index.image_sizes[index.image_index], index.center, index.scale,
+              index.keypoints, index.keypoints_visible):
         h.update(np.ascontiguousarray(a).tobytes())
-    h.update("\n".join(map(str, dataset._img_files[img])).encode())
+    h.update("\n".join(map(str, index.image_files[index.image_index])).encode())
     return h.hexdigest()
 
 
@@ -191,7 +189,7 @@ class CropCache:
         index_path = self.path / INDEX_FILE
         if not index_path.is_file():
             raise DataError("crop cache not found; build it with "
-                            "`python -m vitpose.data.crop_cache --config CFG`", file=index_path)
+                            "`python -m vitpose.build_crop_cache --config CFG`", file=index_path)
         with np.load(index_path) as index:
             self.meta = json.loads(str(index["meta"]))
             self._boxes = index["region_boxes"]
@@ -199,7 +197,7 @@ class CropCache:
             self._instance_region = index["instance_region"]
         if self.meta.get("version") != CACHE_VERSION:
             raise DataError(f"crop cache version {self.meta.get('version')} is not {CACHE_VERSION}; "
-                            "rebuild it", file=index_path, field="version")
+                            f"{REBUILD_HINT}", file=index_path, field="version")
         self._pixels = None
 
     def __getstate__(self):
@@ -208,16 +206,14 @@ class CropCache:
         state["_pixels"] = None
         return state
 
-    def check(self, dataset):
-        """Raise DataError unless this cache was built for `dataset`'s annotation index."""
-        want = dataset_fingerprint(dataset)
-        if self.meta.get("fingerprint") != want or len(self._instance_region) != len(dataset):
+    def check(self, index: CocoIndex, input_size):
+        """Raise DataError unless this cache was built for `index` and crops of input_size's aspect."""
+        if self.meta.get("fingerprint") != index_fingerprint(index, input_size) or len(self) != len(index):
             raise DataError(
                 f"crop cache was built for another annotation index (built from "
-                f"{self.meta.get('ann_file')} with {len(self._instance_region)} instances; the "
-                f"dataset has {len(dataset)} from {dataset.ann_file}, or a different input aspect "
-                f"or augmentation limits); rebuild it with `python -m vitpose.data.crop_cache`",
-                file=self.path / INDEX_FILE, field="fingerprint")
+                f"{self.meta.get('ann_file')} with {len(self)} instances; the dataset has "
+                f"{len(index)} from {index.ann_file}, or a different input aspect or augmentation "
+                f"limits); {REBUILD_HINT}", file=self.path / INDEX_FILE, field="fingerprint")
 
     def __len__(self):
         return len(self._instance_region)
@@ -226,7 +222,8 @@ class CropCache:
         return int(self.meta["bytes"])
 
     def region(self, i):
-        """(pixels (h, w, 3) uint8 view into the memory map, [x0, y0, x1, y1)) or None."""
+        """Instance i's stored region: (pixels (h, w, 3) uint8 view into the memory map,
+        [x0, y0, x1, y1) in the image), or None when its image was left out."""
         r = int(self._instance_region[i])
         if r < 0:
             return None
@@ -259,12 +256,12 @@ class CropCache:
 
 # --------------------------------------------------------------------------------- building
 
-def _plan(dataset, limits, share_regions=True):
+def _plan(index: CocoIndex, aspect_ratio, share_regions=True):
     """Regions to store: per image, one union region when it is no larger than the instances'
-    regions apart (and `share_regions`). Returns (boxes (R, 4), image position of each (R,), instance_region (N,))."""
-    img = dataset._inst_img
-    boxes = instance_regions(dataset._center, dataset._scale, dataset._keypoints, dataset._visible,
-                             dataset._img_wh[img], dataset.input_size[0] / dataset.input_size[1], limits)
+    regions apart (and `share_regions`). Returns (boxes (R, 4), image row of each (R,), instance_region (N,))."""
+    img = index.image_index
+    boxes = instance_regions(index.center, index.scale, index.keypoints, index.keypoints_visible,
+                             index.image_sizes[img], aspect_ratio)
     area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
     order = np.argsort(img, kind="stable")
     starts = np.flatnonzero(np.r_[True, img[order][1:] != img[order][:-1]])
@@ -301,20 +298,29 @@ def _fill(job):
     return failed
 
 
-def build_crop_cache(dataset, path, num_workers=None, images_per_job=64, share_regions=True):
-    """Store the region every augmentation of each of `dataset`'s instances can read.
+def build_crop_cache(index: CocoIndex, img_dir, path, input_size=(192, 256), num_workers=None,
+                     images_per_job=64, share_regions=True):
+    """Store the region every augmentation of each of `index`'s instances can read.
 
-    dataset: a CocoKeypoints training set (GT boxes). Writes `path/` (pixels.npy, index.npz)
-    through a temporary directory, replacing an existing cache. Images that cannot be read are
-    left out (their instances decode, and fail, on the exact path). share_regions=False stores
-    every instance's region apart (more bytes; for tests). Returns a dict of figures.
+    Args:
+        index: the training set's `CocoIndex` (GT boxes with keypoints).
+        img_dir: folder holding the images named by the index.
+        path: the cache directory to write (pixels.npy, index.npz), through a temporary
+            directory, replacing an existing cache.
+        input_size: (w, h) of the training crops (their aspect bounds the regions).
+        num_workers: decoding processes (default: cores, at most 8).
+        images_per_job: images per worker task.
+        share_regions: False stores every instance's region apart (more bytes; for tests).
+
+    Images that cannot be read are left out (their instances decode, and fail, on the exact
+    path). Returns a dict of figures.
     """
-    if dataset._keypoints is None:
+    if not index.has_keypoints:
         raise ValueError("a crop cache is for training sets (GT boxes with keypoints)")
+    img_dir = Path(img_dir)
     t0 = time.perf_counter()
     path = Path(path)
-    limits = augmentation_limits()
-    boxes, images, instance_region = _plan(dataset, limits, share_regions)
+    boxes, images, instance_region = _plan(index, input_size[0] / input_size[1], share_regions)
     sizes = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1]) * 3
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
     total = int(sizes.sum())
@@ -329,10 +335,10 @@ def build_crop_cache(dataset, path, num_workers=None, images_per_job=64, share_r
     for r, j in enumerate(images):
         by_image.setdefault(int(j), []).append((r, int(offsets[r]), tuple(int(v) for v in boxes[r])))
     first = {}
-    for i, j in enumerate(dataset._inst_img):
+    for i, j in enumerate(index.image_index):
         first.setdefault(int(j), i)
-    items = [(str(dataset.image_path(first[j])), dataset._record(first[j]),
-              tuple(int(v) for v in dataset._img_wh[j]), regions) for j, regions in by_image.items()]
+    items = [(str(img_dir / index.image_file(first[j])), index.record(first[j]), index.image_size(first[j]),
+              regions) for j, regions in by_image.items()]
     jobs = [(str(tmp / PIXELS_FILE), items[k:k + images_per_job]) for k in range(0, len(items), images_per_job)]
     num_workers = min(os.cpu_count() or 1, 8) if num_workers is None else int(num_workers)
     if num_workers > 1 and len(jobs) > 1:
@@ -348,50 +354,16 @@ def build_crop_cache(dataset, path, num_workers=None, images_per_job=64, share_r
     if missing:
         instance_region[np.isin(instance_region, missing)] = -1
 
-    fingerprint = dataset_fingerprint(dataset)
-    meta = {"version": CACHE_VERSION, "fingerprint": fingerprint, "ann_file": str(dataset.ann_file),
-            "img_dir": str(dataset.img_dir), "instances": len(dataset), "regions": len(boxes),
-            "bytes": total, "limits": limits, "input_size": list(dataset.input_size),
+    meta = {"version": CACHE_VERSION, "fingerprint": index_fingerprint(index, input_size),
+            "ann_file": str(index.ann_file), "img_dir": str(img_dir), "instances": len(index),
+            "regions": len(boxes), "bytes": total, "limits": region_limits(),
+            "input_size": [int(v) for v in input_size],
             "images_left_out": len({int(images[r]) for r in missing})}
     np.savez(tmp / INDEX_FILE, meta=np.array(json.dumps(meta)), region_boxes=boxes.astype(np.int32),
              region_offsets=offsets, instance_region=instance_region.astype(np.int32))
     if path.exists():
         shutil.rmtree(path)
     os.replace(tmp, path)
-    meta["bytes_per_instance"] = total / max(len(dataset), 1)
+    meta["bytes_per_instance"] = total / max(len(index), 1)
     meta["seconds"] = time.perf_counter() - t0
     return meta
-
-
-# ---------------------------------------------------------------------------- command line
-
-def main(argv=None):
-    ap = argparse.ArgumentParser(description="Build the training crop cache of a config's data "
-                                             "(written to data.root / data.crop_cache, or --out).")
-    ap.add_argument("--config", required=True, help="YAML run config (as for train.py)")
-    ap.add_argument("--out", help="cache directory (default: data.crop_cache under data.root)")
-    ap.add_argument("--workers", type=int, default=None, help="decoding processes (default: cores, max 8)")
-    ap.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                    help="override a config field (repeatable)")
-    args = ap.parse_args(argv)
-    from ..config import load_config
-    from .coco import CocoKeypoints
-
-    cfg = load_config(args.config, args.set)
-    root = Path(cfg.data.root)
-    out = args.out or (root / cfg.data.crop_cache if cfg.data.crop_cache else None)
-    if out is None:
-        ap.error("no cache path: set data.crop_cache in the config or pass --out")
-    dataset = CocoKeypoints(root / cfg.data.train_ann, root / cfg.data.train_images, train=True,
-                            input_size=cfg.model.input_size, heatmap_size=cfg.model.heatmap_size,
-                            encode_targets=False, num_keypoints=cfg.model.num_keypoints)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    info = build_crop_cache(dataset, out, num_workers=args.workers)
-    print(f"crop cache {out}: {info['instances']} instances in {info['regions']} regions, "
-          f"{info['bytes'] / 2 ** 20:.1f} MiB ({info['bytes_per_instance'] / 1024:.0f} KiB per instance), "
-          f"{info['images_left_out']} unreadable images left out, {info['seconds']:.1f} s")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

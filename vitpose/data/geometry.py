@@ -18,6 +18,7 @@ import numpy as np
 __all__ = [
     "bbox_xywh2xyxy",
     "bbox_xyxy2cs",
+    "bbox_xyxy2xywh",
     "crop_to_image",
     "fix_aspect_ratio",
     "get_udp_warp_matrix",
@@ -31,6 +32,17 @@ def bbox_xywh2xyxy(bbox):
     bbox = np.array(bbox, copy=True)
     bbox[..., 2] = bbox[..., 0] + bbox[..., 2]
     bbox[..., 3] = bbox[..., 1] + bbox[..., 3]
+    return bbox
+
+
+def bbox_xyxy2xywh(bbox):
+    """(..., 4) boxes (x1, y1, x2, y2) -> (x, y, w, h) with w = x2 - x1 (MMPose, no +1).
+
+    Computed in the boxes' dtype, so float32 boxes give MMPose's float32 sizes.
+    """
+    bbox = np.array(bbox, copy=True)
+    bbox[..., 2] = bbox[..., 2] - bbox[..., 0]
+    bbox[..., 3] = bbox[..., 3] - bbox[..., 1]
     return bbox
 
 

@@ -12,8 +12,8 @@ Policy (what MMPose's `LoadImage` does, made explicit):
 
 Reduced decoding (`reduce` = 2, 4 or 8) uses libjpeg's DCT scaling through
 `cv2.IMREAD_REDUCED_COLOR_{2,4,8}`: each reduced pixel i averages full-resolution pixels
-[f*i, f*i + f), so its centre sits at full-resolution x = f*i + (f-1)/2 (see
-`reduced_to_full_matrix`). Only JPEGs are reduced; other formats are decoded at full size
+[f*i, f*i + f), so its centre sits at full-resolution x = f*i + (f-1)/2 (which
+`transforms.source_matrix` folds into the warp). Only JPEGs are reduced; other formats are decoded at full size
 (OpenCV resizes those with a different pixel-centre rule).
 """
 
@@ -101,12 +101,4 @@ def load_image(path, record=None, reduce: int = 1, expected_size=None):
     return decode_image(buf, path, record, reduce, expected_size), reduce
 
 
-def reduced_to_full_matrix(reduce: int) -> np.ndarray:
-    """3x3 map from reduced-image pixel coordinates to full-resolution pixel coordinates."""
-    f = float(reduce)
-    off = (f - 1.0) / 2.0
-    return np.array([[f, 0.0, off], [0.0, f, off], [0.0, 0.0, 1.0]])
-
-
-__all__ = ["read_bytes", "check_complete", "decode_image", "load_image", "is_jpeg",
-           "reduced_to_full_matrix"]
+__all__ = ["read_bytes", "check_complete", "decode_image", "load_image", "is_jpeg"]

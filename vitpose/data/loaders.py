@@ -57,7 +57,7 @@ import psutil
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from vitpose.coco_meta import PIXEL_MEAN, PIXEL_STD
+from .pixels import normalize_images
 
 log = logging.getLogger(__name__)
 
@@ -267,7 +267,7 @@ class _PlannedBatchSampler(Sampler):
 
 
 @contextlib.contextmanager
-def _cv2_threads_parked():
+def cv2_threads_parked():
     """Fork with OpenCV's thread pool stopped, then restore the parent's thread count.
 
     A forked child inherits the pool's condition variables but not its threads; if the parent's
@@ -430,7 +430,7 @@ class Loaders:
             return
         self._sampler.plan = keys
         if self._loader._iterator is None and self.num_workers > 0:
-            with _cv2_threads_parked():  # the first iter() forks the pool
+            with cv2_threads_parked():  # the first iter() forks the pool
                 batches = iter(self._loader)
         else:
             batches = iter(self._loader)  # persistent workers: the same pool, reset to the new plan
@@ -488,16 +488,9 @@ def build_loaders(train_set, val_set, loader_cfg, seed: int = 0, rank: int = 0, 
 # Device side
 
 
-def normalize_images(images: torch.Tensor, mean: Sequence[float] = PIXEL_MEAN, std: Sequence[float] = PIXEL_STD,
-                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """uint8 (N, 3, H, W) RGB on the 0-255 scale -> float (x - mean) / std, on the images' device."""
-    mean_t = torch.as_tensor(mean, dtype=dtype, device=images.device).view(1, -1, 1, 1)
-    std_t = torch.as_tensor(std, dtype=dtype, device=images.device).view(1, -1, 1, 1)
-    return (images.to(dtype) - mean_t) / std_t
-
-
 def to_device(batch: dict, device: torch.device | str, normalize: bool = True, non_blocking: bool = True) -> dict:
-    """The batch's tensors on `device`; with `normalize`, a uint8 `image` becomes normalised float there."""
+    """The batch's tensors on `device`; with `normalize`, a uint8 `image` becomes normalised float
+    there (`normalize_images`)."""
     out = {k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
            for k, v in batch.items()}
     image = out.get("image")

@@ -61,9 +61,10 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from vitpose.coco_meta import KEYPOINT_NAMES, NUM_KEYPOINTS, SKELETON
+from vitpose.coco_meta import KEYPOINT_NAMES, NUM_KEYPOINTS, PERSON_CATEGORY_ID, SKELETON
+from vitpose.data.geometry import bbox_xyxy2xywh
 
-__all__ = ["SyntheticCoco", "make_coco"]
+__all__ = ["SyntheticCoco", "SyntheticImage", "image_rng", "make_coco", "synthesize_image"]
 
 # Scene statistics. Chosen so that a small model learns the set in minutes: most people are
 # whole, large and unoccluded; the hard cases are there but rare.
@@ -344,7 +345,9 @@ def _draw_person(image: np.ndarray, owner: np.ndarray, person: Person, label: in
             disk(kp[K[f"{side}_{joint}"]], dot, dark)
 
 
-def _synthesize_image(rng: np.random.Generator, width: int, height: int, max_people: int) -> SyntheticImage:
+def synthesize_image(rng: np.random.Generator, width: int, height: int, max_people: int) -> SyntheticImage:
+    """One synthetic scene drawn from `rng` (see `image_rng`): the image, its background and
+    the labels of the people drawn (tests check the pixels against the labels)."""
     background = _background(rng, width, height)
     image = background.copy()
     owner = np.zeros((height, width), np.uint8)  # 0 background, i+1 person i, 255 occluder
@@ -427,9 +430,12 @@ def _iou_xyxy(a: np.ndarray, b: np.ndarray) -> float:
 # Files
 
 
-def _image_rng(seed: int, split: str, index: int) -> np.random.Generator:
-    # One stream per (seed, split, image): splits differ for the same seed, and image i does not
-    # depend on how many images are made.
+def image_rng(seed: int, split: str, index: int) -> np.random.Generator:
+    """The random stream of image `index` (`synthesize_image`, then its detections).
+
+    One stream per (seed, split, image): splits differ for the same seed, and image i does not
+    depend on how many images are made.
+    """
     return np.random.default_rng([seed, zlib.crc32(split.encode()), index])
 
 
@@ -455,15 +461,14 @@ def _detections(rng: np.random.Generator, image_id: int, bboxes: np.ndarray, num
 
 
 def _det_record(image_id, x0, y0, x1, y1, score, width, height) -> dict:
-    x0, x1 = float(np.clip(x0, 0, width)), float(np.clip(x1, 0, width))
-    y0, y1 = float(np.clip(y0, 0, height)), float(np.clip(y1, 0, height))
-    return {"image_id": image_id, "category_id": 1,
-            "bbox": [round(x0, 2), round(y0, 2), round(x1 - x0, 2), round(y1 - y0, 2)],
+    xyxy = np.clip(np.array([x0, y0, x1, y1], np.float64), 0, [width, height, width, height])
+    return {"image_id": image_id, "category_id": PERSON_CATEGORY_ID,
+            "bbox": [round(float(v), 2) for v in bbox_xyxy2xywh(xyxy)],
             "score": round(float(score), 4)}
 
 
 def _person_category() -> dict:
-    return {"supercategory": "person", "id": 1, "name": "person",
+    return {"supercategory": "person", "id": PERSON_CATEGORY_ID, "name": "person",
             "keypoints": list(KEYPOINT_NAMES),
             "skeleton": [[a + 1, b + 1] for a, b in SKELETON]}
 
@@ -496,8 +501,8 @@ def make_coco(root, num_images: int, seed: int, split: str = "train", image_size
 
     images, annotations, detections = [], [], []
     for index in range(num_images):
-        rng = _image_rng(seed, split, index)
-        sample = _synthesize_image(rng, width, height, max_people)
+        rng = image_rng(seed, split, index)
+        sample = synthesize_image(rng, width, height, max_people)
         image_id = index + 1
         file_name = f"{image_id:012d}.jpg"
         ok, jpg = cv2.imencode(".jpg", sample.image, [cv2.IMWRITE_JPEG_QUALITY, int(jpeg_quality)])
@@ -515,7 +520,7 @@ def make_coco(root, num_images: int, seed: int, split: str = "train", image_size
             annotations.append({
                 "id": len(annotations) + 1,
                 "image_id": image_id,
-                "category_id": 1,
+                "category_id": PERSON_CATEGORY_ID,
                 "bbox": [round(float(c), 2) for c in box],
                 "area": round(float(box[2] * box[3]), 2),
                 "iscrowd": 0,

@@ -11,6 +11,7 @@ so the flip can be folded into the warp and the decoder can skip resolution the 
 away (`source_matrix`, `choose_reduction`).
 """
 
+from dataclasses import dataclass
 from statistics import NormalDist
 
 import cv2
@@ -20,6 +21,34 @@ from ..coco_meta import FLIP_INDICES, LOWER_BODY_IDS, UPPER_BODY_IDS
 from .geometry import fix_aspect_ratio, get_udp_warp_matrix, transform_points
 
 _NORMAL = NormalDist()  # the standard normal's CDF and inverse CDF, from the standard library
+
+
+@dataclass(frozen=True)
+class AugmentationLimits:
+    """The settings of the random train augmentation: MMPose's defaults for `RandomFlip`,
+    `RandomHalfBody` and `RandomBBoxTransform`, which ViTPose's config keeps.
+
+    The functions below take their defaults from `AUGMENTATION_LIMITS`, and the crop cache
+    bounds the image region a crop can read from the same instance (crop_cache.py), so the
+    two cannot drift apart.
+    """
+
+    flip_prob: float = 0.5
+    half_body_prob: float = 0.3
+    half_body_min_keypoints: int = 9  # labelled keypoints an instance needs for a half-body box
+    half_body_min_upper_keypoints: int = 2
+    half_body_min_lower_keypoints: int = 3
+    half_body_padding: float = 1.5  # the half-body box is the keypoints' extent x this
+    half_body_upper_prob: float = 0.7  # preference for the upper body when both qualify
+    shift_factor: float = 0.16  # centre shift, at most this x the (padded) box size per axis
+    shift_prob: float = 0.3
+    scale_range: tuple[float, float] = (0.5, 1.5)  # box size factor
+    scale_prob: float = 1.0
+    rotate_limit: float = 80.0  # degrees, either way
+    rotate_prob: float = 0.6
+
+
+AUGMENTATION_LIMITS = AugmentationLimits()
 
 
 def truncated_normal(rng: np.random.Generator, size, low: float = -1.0, high: float = 1.0):
@@ -51,7 +80,7 @@ def flip_image(image):
     return cv2.flip(image, 1)
 
 
-def random_flip(rng, center, keypoints, keypoints_visible, image_width, prob=0.5,
+def random_flip(rng, center, keypoints, keypoints_visible, image_width, prob=AUGMENTATION_LIMITS.flip_prob,
                 flip_indices=FLIP_INDICES):
     """MMPose `RandomFlip(direction='horizontal', prob=0.5)` on the box centre and keypoints.
 
@@ -66,7 +95,7 @@ def random_flip(rng, center, keypoints, keypoints_visible, image_width, prob=0.5
 
 # ------------------------------------------------------------------------------ half body
 
-def half_body_box(keypoints, ids, padding=1.5):
+def half_body_box(keypoints, ids, padding=AUGMENTATION_LIMITS.half_body_padding):
     """Centre = mean of the chosen keypoints, scale = their extent x padding (no aspect fix)."""
     pts = keypoints[ids]
     center = pts.mean(axis=0)
@@ -75,8 +104,11 @@ def half_body_box(keypoints, ids, padding=1.5):
 
 
 def random_half_body(rng, center, scale, keypoints, keypoints_visible, *,
-                     min_total_keypoints=9, min_upper_keypoints=2, min_lower_keypoints=3,
-                     padding=1.5, prob=0.3, upper_prioritized_prob=0.7,
+                     min_total_keypoints=AUGMENTATION_LIMITS.half_body_min_keypoints,
+                     min_upper_keypoints=AUGMENTATION_LIMITS.half_body_min_upper_keypoints,
+                     min_lower_keypoints=AUGMENTATION_LIMITS.half_body_min_lower_keypoints,
+                     padding=AUGMENTATION_LIMITS.half_body_padding, prob=AUGMENTATION_LIMITS.half_body_prob,
+                     upper_prioritized_prob=AUGMENTATION_LIMITS.half_body_upper_prob,
                      upper_body_ids=UPPER_BODY_IDS, lower_body_ids=LOWER_BODY_IDS):
     """MMPose `RandomHalfBody` defaults: with prob 0.3 (when >= 9 keypoints are labelled) the
     box becomes the box of the upper body (preferred with prob 0.7) or the lower body.
@@ -106,9 +138,10 @@ def random_half_body(rng, center, scale, keypoints, keypoints_visible, *,
 
 # ------------------------------------------------------------------ shift / scale / rotate
 
-def random_bbox_transform(rng, center, scale, *, shift_factor=0.16, shift_prob=0.3,
-                          scale_factor=(0.5, 1.5), scale_prob=1.0, rotate_factor=80.0,
-                          rotate_prob=0.6):
+def random_bbox_transform(rng, center, scale, *, shift_factor=AUGMENTATION_LIMITS.shift_factor,
+                          shift_prob=AUGMENTATION_LIMITS.shift_prob, scale_factor=AUGMENTATION_LIMITS.scale_range,
+                          scale_prob=AUGMENTATION_LIMITS.scale_prob, rotate_factor=AUGMENTATION_LIMITS.rotate_limit,
+                          rotate_prob=AUGMENTATION_LIMITS.rotate_prob):
     """MMPose `RandomBBoxTransform` defaults, draw for draw in the same order: four values of
     a standard normal truncated to [-1, 1] (shift x, shift y, scale, rotation), then the shift,
     scale and rotation gates.
