@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 from vitpose.coco_meta import FLIP_INDICES
 from vitpose.codecs.udp import UDPHeatmap
 from vitpose.data.geometry import crop_to_image
-from vitpose.data.loaders import normalize_images as normalize
+from vitpose.data.pixels import normalize_images as normalize
 from vitpose.engine.evaluate import predict
 from vitpose.models import build_model
 

@@ -52,7 +52,7 @@ class DataConfig:
     max_bad_images: int = 100  # unreadable training images skipped (logged) before the run stops
     reduced_decode: bool = True  # training only: decode JPEGs at 1/2, 1/4, 1/8 when the crop shrinks
     # Training only: crop cache directory under `root` (built once by
-    # `python -m vitpose.data.crop_cache --config CFG`); bit-exact crops without JPEG decoding.
+    # `python -m vitpose.build_crop_cache --config CFG`); bit-exact crops without JPEG decoding.
     crop_cache: str | None = None
     photometric: bool = False  # optional albumentations colour stage (the ViTPose recipe uses none)
     # Synthetic set for the demo: images per split (0 = use the files under `root`).

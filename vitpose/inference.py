@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from vitpose.codecs.udp import UDPHeatmap
-from vitpose.data.geometry import bbox_xyxy2cs
+from vitpose.data.geometry import bbox_xywh2xyxy, bbox_xyxy2cs
 from vitpose.data.transforms import topdown_affine
 from vitpose.device import resolve_device
 from vitpose.topdown import forward_heatmaps, heatmaps_to_keypoints
@@ -104,7 +104,7 @@ class Predictor:
         if not np.all(np.isfinite(boxes)):
             raise ValueError("boxes contain non-finite values")
         if box_format == "xywh":
-            boxes[:, 2:] += boxes[:, :2]
+            boxes = bbox_xywh2xyxy(boxes)
         elif box_format != "xyxy":
             raise ValueError(f"box_format must be 'xyxy' or 'xywh', got {box_format!r}")
         if np.any(boxes[:, 2:] <= boxes[:, :2]):

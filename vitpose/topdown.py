@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from vitpose.data.geometry import crop_to_image
-from vitpose.data.loaders import normalize_images
+from vitpose.data.pixels import normalize_images
 from vitpose.models.vitpose import flip_test as run_flip_test
 
 __all__ = ["forward_heatmaps", "heatmaps_to_keypoints"]
@@ -29,11 +29,7 @@ def forward_heatmaps(model, images: torch.Tensor, flip_test: bool = True, amp_dt
     mirrored heatmaps are flipped back and averaged (`vitpose.flip_test`: MMPose's heatmap mode,
     no 1-px shift). `amp_dtype` (torch.bfloat16 / torch.float16) runs the model under autocast.
     """
-    if images.dtype != torch.uint8:
-        raise TypeError(f"expected uint8 RGB crops (N, 3, H, W), got dtype {images.dtype}")
-    if images.ndim != 4 or images.shape[1] != 3:
-        raise ValueError(f"expected uint8 RGB crops (N, 3, H, W), got shape {tuple(images.shape)}")
-    x = normalize_images(images)
+    x = normalize_images(images)  # TypeError / ValueError for anything but uint8 (N, 3, H, W)
     autocast = (torch.autocast(x.device.type, dtype=amp_dtype) if amp_dtype is not None
                 else contextlib.nullcontext())
     with autocast:

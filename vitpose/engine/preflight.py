@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from vitpose.data.image_io import load_image
-
 SAMPLE_IMAGES = 64  # "sample": this many distinct images, spread evenly over the set
 
 
@@ -36,7 +34,5 @@ def check_val_images(dataset, mode: str = "sample") -> int:
     if mode == "sample" and len(instances) > SAMPLE_IMAGES:
         instances = [instances[j] for j in np.linspace(0, len(instances) - 1, SAMPLE_IMAGES).round().astype(int)]
     for i in instances:
-        info = dataset.instance_info(i)
-        record = f"image id {info['image_id']}"
-        load_image(dataset.image_path(i), record, expected_size=np.asarray(info["image_size"]))
+        dataset.read_image(i)  # DataError naming the file and the record if it cannot be decoded
     return len(instances)
