@@ -34,3 +34,4 @@ SKELETON = (
 # Model input normalisation on the 0-255 scale, RGB order.
 PIXEL_MEAN = (123.675, 116.28, 103.53)
 PIXEL_STD = (58.395, 57.12, 57.375)
+PERSON_CATEGORY_ID = 1  # COCO's "person" category: the only one top-down person datasets keep
