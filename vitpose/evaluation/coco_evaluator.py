@@ -14,7 +14,7 @@ detection's area from it (this decides the medium/large split); without it COCOe
 extent of the keypoints.
 
 MMPose scores with xtcocotools' COCOeval and ran under NumPy 1.x; the published numbers come from
-that. This module reproduces it on top of pycocotools (docs/mmpose-edge-cases.md §1 to §5):
+that. This module reproduces it on top of pycocotools (docs/mmpose-edge-cases.md §2 to §5):
 a detection whose keypoint scores are all <= 0 is kept in the results but not evaluated; the
 sigmas are float32; the ground truth is read as xtcocotools reads it (a missing `iscrowd` is 0, a
 GT is ignored when none of its keypoints is labelled, whatever `num_keypoints` says); keypoint
@@ -246,7 +246,8 @@ def _coco_index(dataset: dict):
 
 def evaluated_by_cocoeval(result: dict) -> bool:
     """Whether xtcocotools' COCOeval scores a result at all: it leaves out, before matching, every
-    detection none of whose keypoint scores is above 0 (it stays in the results file)."""
+    detection none of whose keypoint scores is above 0 (it stays in the results file;
+    docs/mmpose-edge-cases.md §3)."""
     return any(score > 0 for score in result["keypoints"][2::3])
 
 
