@@ -1,6 +1,7 @@
 """Heatmap codecs against MMPose 1.3.2 (fixtures codec_udp.npz / codec_msra.npz) and analytic facts."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -270,3 +271,17 @@ def test_flip_heatmaps_is_an_involution_without_shift(udp_fx):
     np.testing.assert_array_equal(flip_heatmaps(flip_heatmaps(maps, indices), indices), maps)
     with pytest.raises(ValueError, match="flip indices"):
         flip_heatmaps(maps, indices[:5])
+
+
+def test_msra_dark_step_in_float64_as_mmpose():
+    """tests/fixtures/numeric_cases.npz (tools/reference/make_numeric_cases.py): MMPose's
+    MSRAHeatmap(unbiased=True).decode, whose DARK step NumPy 1.x computes in float64, on clean
+    sub-pixel Gaussians (three near the borders, left unrefined) and on the same maps with noise."""
+    with np.load(Path(__file__).parent / "fixtures" / "numeric_cases.npz") as data:
+        heatmaps, expected, scores = data["dark/heatmaps"], data["dark/keypoints"], data["dark/scores"]
+    codec = MSRAHeatmap(INPUT_SIZE, HEATMAP_SIZE, sigma=2.0, unbiased=True)
+    keypoints, ours = codec.batch_decode(heatmaps)
+    np.testing.assert_array_equal(keypoints, expected)
+    np.testing.assert_array_equal(ours, scores)
+    for i in range(len(heatmaps)):
+        np.testing.assert_array_equal(codec.decode(heatmaps[i])[0][0], expected[i])

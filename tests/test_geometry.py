@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -63,7 +64,9 @@ def test_udp_warp_matrix_matches_mmpose(affine):
     matrices = get_udp_warp_matrix(affine["center"], affine["scale_fixed"], affine["rotation"], INPUT_SIZE)
     assert matrices.dtype == np.float32 and matrices.shape == (24, 2, 3)
     np.testing.assert_allclose(matrices, affine["udp_matrix"], rtol=0, atol=1e-5)
-    one = get_udp_warp_matrix(affine["center"][5], affine["scale_fixed"][5], float(affine["rotation"][5]), INPUT_SIZE)
+    # One sample with its float32 rotation gives the batch's row (a Python float would compute the
+    # angle in float64, as MMPose does: tests/fixtures/numeric_cases.npz covers that).
+    one = get_udp_warp_matrix(affine["center"][5], affine["scale_fixed"][5], affine["rotation"][5], INPUT_SIZE)
     np.testing.assert_array_equal(one, matrices[5])
 
 
@@ -158,3 +161,47 @@ def test_crop_to_image_is_the_official_udp_mapping():
     center, scale = np.array([[300.0, 200.0]]), np.array([[150.0, 200.0]])
     expected = hm * scale[:, None] / [47, 63] + center[:, None] - scale[:, None] / 2
     np.testing.assert_allclose(crop_to_image(keypoints_in, center, scale, INPUT_SIZE), expected, atol=1e-9)
+
+
+# ----------------------------------------------------------------------------- dtypes (MMPose's own)
+# tests/fixtures/numeric_cases.npz (tools/reference/make_numeric_cases.py): MMPose's matrices for
+# boxes and angles given as float64 / a Python float (the angle converted in float64) and as
+# float32 values (the training pipeline's dtypes, the angle converted in float32).
+
+NUMERIC_CASES = Path(__file__).parent / "fixtures" / "numeric_cases.npz"
+DTYPES = {"f64": (np.float64, float), "f32": (np.float32, np.float32)}
+
+
+@pytest.fixture(scope="module")
+def warp_cases():
+    with np.load(NUMERIC_CASES) as data:
+        return {k[len("warp/"):]: data[k] for k in data.files if k.startswith("warp/")}
+
+
+@pytest.mark.parametrize("suffix", DTYPES)
+def test_warp_matrices_compute_in_the_callers_dtype(warp_cases, suffix):
+    box_dtype, angle_type = DTYPES[suffix]
+    center, scale = warp_cases["center"].astype(box_dtype), warp_cases["scale"].astype(box_dtype)
+    for i, rot in enumerate(warp_cases["rot"]):
+        angle = angle_type(rot)
+        np.testing.assert_array_equal(get_udp_warp_matrix(center[i], scale[i], angle, INPUT_SIZE),
+                                      warp_cases[f"udp_{suffix}"][i], err_msg=f"udp {i}")
+        np.testing.assert_array_equal(get_warp_matrix(center[i], scale[i], angle, INPUT_SIZE),
+                                      warp_cases[f"plain_{suffix}"][i], err_msg=f"plain {i}")
+        np.testing.assert_array_equal(get_warp_matrix(center[i], scale[i], angle, INPUT_SIZE, fix_aspect_ratio=False),
+                                      warp_cases[f"plain_no_aspect_fix_{suffix}"][i], err_msg=f"no aspect fix {i}")
+    # Batched: an array of angles converts in its own dtype too.
+    angles = warp_cases["rot"].astype(box_dtype)
+    np.testing.assert_array_equal(get_udp_warp_matrix(center, scale, angles, INPUT_SIZE), warp_cases[f"udp_{suffix}"])
+    np.testing.assert_array_equal(get_warp_matrix(center, scale, angles, INPUT_SIZE), warp_cases[f"plain_{suffix}"])
+
+
+def test_python_float_and_float32_angles_differ_as_in_mmpose(warp_cases):
+    """The cases can tell the two conversions apart: -90 degrees in float32 radians leaves a
+    cos of -4.4e-8, in float64 one of 6.1e-17."""
+    center, scale = warp_cases["center"][2], warp_cases["scale"][2]
+    assert warp_cases["rot"][2] == -90.0
+    in_float64 = get_udp_warp_matrix(center, scale, -90.0, INPUT_SIZE)
+    in_float32 = get_udp_warp_matrix(center, scale, np.float32(-90.0), INPUT_SIZE)
+    np.testing.assert_array_equal(in_float64, warp_cases["udp_f64"][2])
+    assert abs(in_float64[0, 0]) < 1e-15 < abs(in_float32[0, 0])

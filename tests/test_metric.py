@@ -1,17 +1,31 @@
-"""CocoEvaluator against MMPose's CocoMetric (fixtures/metric.json) and against plain pycocotools."""
+"""CocoEvaluator against MMPose's CocoMetric (fixtures metric.json and the repository's
+tests/fixtures/metric_cases.json) and against plain pycocotools."""
 
 import contextlib
 import copy
+import hashlib
 import io
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from vitpose.coco_meta import SIGMAS
 from vitpose.evaluation import CocoEvaluator, oks_nms, soft_oks_nms
-from vitpose.evaluation.coco_evaluator import STAT_NAMES, PredictionError, load_predictions, save_predictions
-from vitpose.evaluation.nms import pairwise_oks
+from vitpose.evaluation.coco_evaluator import (
+    STAT_NAMES,
+    GroundTruthError,
+    PredictionError,
+    check_predictions,
+    load_predictions,
+    save_predictions,
+)
+from vitpose.evaluation.nms import oks_one_to_many, pairwise_oks
+
+# Written by tools/reference/make_metric_cases.py in the MMPose 1.3.2 reference environment.
+METRIC_CASES = Path(__file__).parent / "fixtures" / "metric_cases.json"
+CASES = json.loads(METRIC_CASES.read_text())
 
 
 @pytest.fixture(scope="module")
@@ -125,10 +139,20 @@ def test_duplicate_ids_keep_first_after_sorting(metric, evaluator):
 
 
 def test_rescoring_formula(evaluator):
-    scores = np.array([0.1, 0.2, 0.3, 0.5] + [0.0] * 13, np.float32)
-    # 0.2 is not above the threshold: mean of 0.3 and 0.5.
-    assert evaluator.rescore(scores, 0.8) == pytest.approx(0.8 * 0.4, rel=1e-7)
-    assert evaluator.rescore(np.full(17, 0.2, np.float32), 0.8) == 0.0
+    f32 = np.float32
+    scores = np.array([0.1, 0.2, 0.3, 0.5] + [0.0] * 13, f32)
+    # float32(0.2) = 0.2000000030 is above 0.2 in float64, as MMPose compares under NumPy 1.x:
+    # the mean of the float32 values 0.2, 0.3 and 0.5, added in float64.
+    expected = 0.8 * (((float(f32(0.2)) + float(f32(0.3))) + float(f32(0.5))) / 3)
+    assert evaluator.rescore(scores, 0.8) == expected
+    assert evaluator.rescore(np.full(17, 0.2, f32), 0.8) == 0.8 * float(f32(0.2))
+    assert evaluator.rescore(np.full(17, np.nextafter(f32(0.2), f32(0)), f32), 0.8) == 0.0
+    assert evaluator.rescore(np.full(17, 0.2, np.float64), 0.8) == 0.0  # exactly 0.2 is not above it
+    assert evaluator.rescore(np.zeros((2, 3, 17), f32), np.ones((2, 3))).shape == (2, 3)
+    # MMPose adds the scores one by one, left to right: 2^53 + 1 rounds back to 2^53 every time,
+    # where a pairwise sum would first add the ones (2^53 + 16).
+    wide = np.array([2.0 ** 53] + [1.0] * 16)
+    assert evaluator.rescore(wide, 1.0) == 2.0 ** 53 / 17
 
 
 def test_pairwise_oks_matches_the_formula():
@@ -254,3 +278,150 @@ def test_dense_and_row_by_row_nms_agree(monkeypatch):
     variances = (2 * np.asarray(SIGMAS, np.float32)) ** 2
     row = nms.oks_one_to_many(kpts, areas, 5, np.arange(len(kpts)), variances)
     np.testing.assert_array_equal(row, dense_oks[5])  # bit for bit
+
+
+# ----------------------------------------------------------------------------- MMPose edge cases
+# tests/fixtures/metric_cases.json: MMPose 1.3.2's CocoMetric (xtcocotools, NumPy 1.x) on seeded
+# predictions aimed at one behaviour each (docs/mmpose-edge-cases.md): keypoint scores <= 0,
+# scores on float32(0.2), NMS on the float32 OKS boundary and score ties, ids, float32 sigmas,
+# and annotation files that pycocotools and xtcocotools read differently.
+
+RUNS = [(s["name"], i) for s in CASES["scenarios"] for i in range(len(s["runs"]))]
+
+
+def case_predictions(scenario):
+    """The fixture's prediction records as the prediction loop gives them (float64 keypoints,
+    float32 scores; box score and area hold float32 values)."""
+    return [{"id": p["id"], "image_id": p["img_id"], "keypoints": np.asarray(p["keypoints"], np.float64),
+             "keypoint_scores": np.asarray(p["keypoint_scores"], np.float32), "bbox_score": p["bbox_score"],
+             "area": p["area"], "bbox": p["bbox_xywh"]} for p in scenario["predictions"]]
+
+
+def annotation_file(ann_file, patch_name, tmp_path):
+    """coco-mini's annotations, changed as the run says (the same change MMPose saw)."""
+    if patch_name is None:
+        return ann_file
+    data = json.loads(ann_file.read_text())
+    patch = CASES["annotation_patches"][patch_name]
+    for i, field, value in patch.get("set", []):
+        data["annotations"][i][field] = value
+    for i, field in patch.get("delete", []):
+        del data["annotations"][i][field]
+    path = tmp_path / f"{patch_name}.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_cases_use_this_annotation_file(ann_file):
+    assert hashlib.md5(ann_file.read_bytes()).hexdigest() == CASES["info"]["annotation_md5"]
+
+
+@pytest.mark.parametrize("name, run_index", RUNS, ids=[f"{n}-{i}" for n, i in RUNS])
+def test_edge_cases_equal_mmpose(ann_file, tmp_path, name, run_index):
+    scenario = scenario_named(CASES, name)
+    run = scenario["runs"][run_index]
+    evaluator = CocoEvaluator(annotation_file(ann_file, run["annotation_patch"], tmp_path), **run["metric"])
+    predictions = case_predictions(scenario)
+    # The results file: the same predictions, in the same order, with the same scores, bit for bit.
+    kept = np.concatenate(evaluator.keep(check_predictions(predictions, 17))).tolist()
+    assert kept == run["mmpose"]["kept"]
+    assert [r["score"] for r in evaluator.results(predictions)] == run["mmpose"]["scores"]
+    stats = evaluator.evaluate(predictions)
+    for key, expected in run["mmpose"]["stats"].items():
+        assert stats[key] == pytest.approx(expected, abs=1e-9), key
+
+
+def test_edge_cases_are_not_plain_pycocotools():
+    """The scenarios separate xtcocotools from pycocotools: otherwise the tests above prove less."""
+    for scenario in CASES["scenarios"]:
+        if scenario["name"] in ("nonpositive_scores", "all_nonpositive_scores", "sigmas_float32",
+                                "annotation_variants"):
+            for run in scenario["runs"]:
+                assert run["plain_pycocotools_on_mmpose_results"] != run["mmpose"]["stats"], scenario["name"]
+    facts = scenario_named(CASES, "threshold_float32_0.2")["facts"]
+    assert facts["stats_if_compared_in_float32"] != scenario_named(CASES, "threshold_float32_0.2")["runs"][0][
+        "mmpose"]["stats"]
+
+
+@pytest.mark.parametrize("case", range(len(CASES["oks_iou"])))
+def test_oks_equals_mmpose_bit_for_bit(case):
+    """MMPose's oks_iou (float64 keypoints, float32 areas) against ours, exactly. The last cases
+    sit on the float32 rounding boundary of OKS-NMS's 0.9: float64 area sums land elsewhere."""
+    data = CASES["oks_iou"][case]
+    keypoints = np.asarray(data["keypoints"], np.float64)
+    areas = np.asarray(data["areas"], np.float32)
+    expected = np.asarray(data["ious_first_vs_rest"], np.float32)
+    rest = np.arange(1, len(keypoints))
+    np.testing.assert_array_equal(pairwise_oks(keypoints, areas)[0, 1:], expected)
+    variances = (2 * np.asarray(SIGMAS, np.float32)) ** 2
+    np.testing.assert_array_equal(oks_one_to_many(keypoints, areas, 0, rest, variances), expected)
+    if case >= len(CASES["oks_iou"]) - len(scenario_named(CASES, "nms_crowds")["facts"]["boundary_pairs"]):
+        float64_sum = pairwise_oks(keypoints, areas.astype(np.float64))[0, 1:]
+        assert (float64_sum <= 0.9) != (expected <= 0.9)  # the case can tell the two apart
+
+
+def test_nonpositive_detections_are_written_but_not_evaluated(ann_file, evaluator):
+    """pycocotools only: a detection with no keypoint score above 0 is in the results, and the
+    stats are pycocotools' on the results without it (xtcocotools' COCOeval skips it)."""
+    gt = json.loads(ann_file.read_text())
+    predictions = []
+    for ann in gt["annotations"]:
+        if ann["num_keypoints"] == 0:
+            continue
+        xyv = np.asarray(ann["keypoints"], np.float64).reshape(17, 3)
+        predictions.append({"id": ann["id"], "image_id": ann["image_id"], "keypoints": xyv[:, :2] + 1.0,
+                            "keypoint_scores": np.full(17, 0.9, np.float32), "bbox_score": 1.0,
+                            "area": float(ann["area"]), "bbox": ann["bbox"]})
+    predictions[4]["keypoint_scores"] = np.zeros(17, np.float32)  # its GT is found by nothing else
+    predictions[7]["keypoint_scores"] = -np.ones(17, np.float32)
+    results = evaluator.results(predictions)
+    assert len(results) == len(predictions)
+    scored = [r for r in results if max(r["keypoints"][2::3]) > 0]
+    assert len(scored) == len(results) - 2
+    stats = evaluator.evaluate(predictions)
+    assert stats == pytest.approx(pycocotools_stats(ann_file, scored), abs=1e-12)
+    assert stats["AR"] < pycocotools_stats(ann_file, results)["AR"]
+
+
+def test_no_evaluated_detection_scores_zero(ann_file, evaluator):
+    scenario = scenario_named(CASES, "all_nonpositive_scores")
+    assert evaluator.evaluate(case_predictions(scenario)) == {name: 0.0 for name in STAT_NAMES}
+
+
+@pytest.fixture
+def annotations(ann_file):
+    return json.loads(ann_file.read_text())
+
+
+def refused(tmp_path, data, match):
+    path = tmp_path / "bad_annotations.json"
+    path.write_text(json.dumps(data) if not isinstance(data, str) else data)
+    with pytest.raises(GroundTruthError, match=match) as info:
+        CocoEvaluator(path)
+    assert "bad_annotations.json" in str(info.value)
+
+
+def test_annotation_file_without_annotations_is_refused(tmp_path, annotations):
+    # MMPose asserts on a file without the key; with an empty list every stat would be -1.
+    assert CASES["empty_annotations"]["missing_key"]["error"].startswith("AssertionError")
+    assert set(CASES["empty_annotations"]["empty_list"]["stats"].values()) == {-1.0}
+    refused(tmp_path, {k: v for k, v in annotations.items() if k != "annotations"}, "no 'annotations'")
+    refused(tmp_path, dict(annotations, annotations=[]), "'annotations' is empty")
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda d: d["annotations"][3].pop("area"), r"annotation #3 \(id 1202706\): missing field 'area'"),
+    (lambda d: d["annotations"][0].update(keypoints=[0, 0, 0]), "must be a list of 51 numbers"),
+    (lambda d: d["annotations"][1].update(image_id=5), "'image_id' 5 is not in the file's images"),
+    (lambda d: d["annotations"][2].update(id=-4), "annotation id -4 is negative"),
+    (lambda d: d["annotations"][2].update(id=d["annotations"][1]["id"]), r"ids \[198196\] appear more than once"),
+    (lambda d: d.update(categories=[{"id": 2, "name": "dog"}]), "no category with id 1"),
+    (lambda d: d.pop("images"), "no 'images'"),
+])
+def test_unusable_annotations_are_refused(tmp_path, annotations, change, match):
+    change(annotations)
+    refused(tmp_path, annotations, match)
+
+
+def test_annotation_file_that_is_not_json(tmp_path):
+    refused(tmp_path, "{not json", "not valid JSON")

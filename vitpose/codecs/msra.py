@@ -61,10 +61,16 @@ def _refine_quarter_pixel(locations, heatmaps):
 
 
 def _refine_dark(locations, heatmaps, kernel_size):
-    """DARK Taylor step (MMPose's `refine_keypoints_dark`), in float32 like MMPose.
+    """DARK Taylor step (MMPose's `refine_keypoints_dark`) with MMPose's arithmetic.
 
-    Uses the log of the blurred map and derivatives with a 2-cell stencil for the second order
-    terms; applied only where 1 < x < W-2 and 1 < y < H-2 and the Hessian is not singular.
+    The log of the blurred map is float32, as in MMPose. MMPose then takes the derivatives one
+    keypoint at a time from numpy float32 scalars and Python numbers, which NumPy 1.x (what
+    MMPose ran under) promotes to float64: the first differences and the mixed second difference
+    are float32 subtractions scaled in float64, the pure second differences (which double the
+    centre value) are float64 throughout, and the Newton step solves the 2x2 Hessian with
+    np.linalg.inv in float64 before adding it to the float32 location
+    (docs/mmpose-edge-cases.md §6). Applied only where 1 < x < W-2 and 1 < y < H-2 and the
+    Hessian's determinant is not 0.
     """
     B, K, H, W = heatmaps.shape
     logmaps = blur_heatmaps(heatmaps.reshape(B * K, H, W), kernel_size).reshape(B, K, H, W)
@@ -78,22 +84,25 @@ def _refine_dark(locations, heatmaps, kernel_size):
     y = np.where(inside, y, 2)
     b, k = np.indices((B, K))
 
-    def at(dy_, dx_):
+    def at(dy_, dx_):  # float32 values, as MMPose indexes them
         return logmaps[b, k, y + dy_, x + dx_]
 
-    half, quarter = np.float32(0.5), np.float32(0.25)
-    dx = half * (at(0, 1) - at(0, -1))
-    dy = half * (at(1, 0) - at(-1, 0))
-    dxx = quarter * (at(0, 2) - 2 * at(0, 0) + at(0, -2))
-    dxy = quarter * (at(1, 1) - at(-1, 1) - at(1, -1) + at(-1, -1))
-    dyy = quarter * (at(2, 0) - 2 * at(0, 0) + at(-2, 0))
-    det = dxx * dyy - dxy ** 2
-    usable = inside & (det != 0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        offset_x = -(dyy * dx - dxy * dy) / det
-        offset_y = -(dxx * dy - dxy * dx) / det
-    offset = np.stack([offset_x, offset_y], axis=-1).astype(np.float32)
-    return np.where(usable[..., None], locations + offset, locations)
+    def f64(values):
+        return values.astype(np.float64)
+
+    dx = 0.5 * f64(at(0, 1) - at(0, -1))
+    dy = 0.5 * f64(at(1, 0) - at(-1, 0))
+    dxx = 0.25 * ((f64(at(0, 2)) - 2 * f64(at(0, 0))) + f64(at(0, -2)))
+    dyy = 0.25 * ((f64(at(2, 0)) - 2 * f64(at(0, 0))) + f64(at(-2, 0)))
+    dxy = 0.25 * f64(((at(1, 1) - at(-1, 1)) - at(1, -1)) + at(-1, -1))
+    usable = inside & (dxx * dyy - dxy ** 2 != 0)
+    refined = locations.copy()
+    if usable.any():
+        hessian = np.stack([np.stack([dxx, dxy], -1), np.stack([dxy, dyy], -1)], -2)[usable]  # (M, 2, 2)
+        derivative = np.stack([dx, dy], -1)[usable][..., None]  # (M, 2, 1)
+        offset = (-np.linalg.inv(hessian) @ derivative)[..., 0]
+        refined[usable] = (f64(locations[usable]) + offset).astype(np.float32)
+    return refined
 
 
 class MSRAHeatmap:

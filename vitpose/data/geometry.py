@@ -5,9 +5,10 @@ Conventions (MMPose's): boxes are pixels, `center` = (x, y), `scale` = (w, h) of
 The UDP warp maps the box centre to ((w - 1) / 2, (h - 1) / 2) of the crop, and a box of
 `scale` pixels onto w - 1 by h - 1 crop pixels (docs/data.md §6.1).
 
-Precision follows MMPose exactly where it decides pixels: the rotation is taken as a float32
-value (as TopdownAffine passes it) and the UDP matrix is rounded to float32, so that
-`cv2.warpAffine` with these matrices reproduces MMPose's crops bit for bit.
+Precision follows MMPose exactly where it decides pixels: the rotation keeps the dtype it comes
+in (TopdownAffine passes a float32 value, and so does this project's pipeline; a Python float is
+float64) and the UDP matrix is rounded to float32, so that `cv2.warpAffine` with these matrices
+reproduces MMPose's crops bit for bit.
 """
 
 import math
@@ -65,9 +66,10 @@ def fix_aspect_ratio(scale, aspect_ratio=0.75):
                     np.concatenate([h * aspect_ratio, h], axis=-1))
 
 
-def _radians_float32(rot):
-    # TopdownAffine hands the float32 rotation to np.deg2rad, so the angle is a float32 value.
-    return np.deg2rad(np.asarray(rot, dtype=np.float32))
+def _radians(rot):
+    # MMPose calls np.deg2rad on whatever it is given: a float32 rotation (TopdownAffine's) gives
+    # float32 radians, a Python float or float64 gives float64 radians, integers give float64.
+    return np.deg2rad(np.asarray(rot))
 
 
 def _elementwise(fn, values):
@@ -83,12 +85,15 @@ def get_udp_warp_matrix(center, scale, rot, output_size):
     Returns (..., 2, 3) float32, equal to MMPose's `get_udp_warp_matrix`:
         x' = sx * ( cos(r) (x - cx) - sin(r) (y - cy) + S_w / 2 ),  sx = (w - 1) / S_w
         y' = sy * ( sin(r) (x - cx) + cos(r) (y - cy) + S_h / 2 ),  sy = (h - 1) / S_h
+    The angle is converted in its own dtype (float32 rot: float32 radians, as in the training
+    pipeline; Python float or float64: float64); the rest is float64 arithmetic, as MMPose's
+    scalar expressions are under NumPy 1.x, rounded to float32 at the end.
     """
     center = np.asarray(center)
     scale = np.asarray(scale)
     if center.shape[-1] != 2 or scale.shape[-1] != 2:
         raise ValueError(f"get_udp_warp_matrix: center and scale must end in 2, got {center.shape}, {scale.shape}")
-    rad = _radians_float32(rot)
+    rad = _radians(rot)
     batch = np.broadcast_shapes(center.shape[:-1], scale.shape[:-1], rad.shape)
     cos = _elementwise(math.cos, rad)
     sin = _elementwise(math.sin, rad)
@@ -120,7 +125,7 @@ def _plain_warp_matrix(center, scale, rad, output_size, fix_aspect_ratio):
     # MMPose 1.3.2: three point pairs (centre, centre + half width along the rotated x axis, and a
     # third point) rounded to float32, solved by cv2.getAffineTransform in float64.
     w_out, h_out = output_size
-    sn, cs = np.sin(rad), np.cos(rad)  # float32, as MMPose's _rotate_point computes them
+    sn, cs = np.sin(rad), np.cos(rad)  # in the angle's dtype, as MMPose's _rotate_point computes them
     rotation = np.array([[cs, -sn], [sn, cs]])
     src = np.zeros((3, 2), dtype=np.float32)
     src[0] = center
@@ -141,11 +146,12 @@ def get_warp_matrix(center, scale, rot, output_size, fix_aspect_ratio=True):
     """Non-UDP affine (image -> crop), MMPose's `get_warp_matrix`: (..., 2, 3) float64.
 
     Maps the box centre to (w / 2, h / 2) and the box width `scale[0]` onto w crop pixels; with
-    fix_aspect_ratio (the default) the height scales like the width.
+    fix_aspect_ratio (the default) the height scales like the width. The rotation matrix is in
+    the angle's dtype (float32 rot: float32 sin and cos; Python float or float64: float64).
     """
     center = np.asarray(center)
     scale = np.asarray(scale)
-    rad = _radians_float32(rot)
+    rad = _radians(rot)
     batch = np.broadcast_shapes(center.shape[:-1], scale.shape[:-1], rad.shape)
     center = np.broadcast_to(center, batch + (2,))
     scale = np.broadcast_to(scale, batch + (2,))

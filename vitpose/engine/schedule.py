@@ -21,15 +21,20 @@ BASE_LR_KEY = "initial_lr"
 
 
 def warmup_factor(iteration: int, warmup_iters: int = 500, warmup_ratio: float = 0.001) -> float:
-    """Linear warmup: `r + (1 - r) * t / T` for 0-based iteration t < T, then 1.
+    """Linear warmup as MMPose 1.x runs it: `r + (1 - r) * t / (T - 1)` for 0-based iteration
+    t < T - 1, then 1 (T = warmup_iters).
 
-    This is the official ViTPose (mmcv `warmup='linear'`) ramp and torch's LinearLR. MMPose 1.x's
-    mmengine LinearLR(begin=0, end=500) ramps over end - begin - 1 = 499 steps instead (factor
-    `r + (1 - r) * t / 499`, 1 from t = 499): at most 0.2% apart, during warmup only.
+    MMPose's `LinearLR(start_factor=r, begin=0, end=T, by_epoch=False)` (mmengine) starts at r and
+    is stepped after each iteration while the step count is below `end`, so the ramp spans
+    end - begin - 1 = T - 1 steps: for T = 500, `r + (1 - r) * t / 499` and 1 from t = 499. The
+    original ViTPose release (mmcv's `warmup='linear'`) ramped over T (t / 500); this project
+    follows MMPose 1.x (docs/mmpose-edge-cases.md §7). T <= 1 means no warmup (mmengine would
+    keep the LR at r for good with end = 1, and refuses end = 0).
     """
-    if iteration >= warmup_iters:
+    ramp = warmup_iters - 1
+    if ramp <= 0 or iteration >= ramp:
         return 1.0
-    return warmup_ratio + (1.0 - warmup_ratio) * iteration / warmup_iters
+    return warmup_ratio + (1.0 - warmup_ratio) * iteration / ramp
 
 
 def step_factor(epoch: int, milestones: Sequence[int] = (170, 200), gamma: float = 0.1) -> float:
@@ -58,6 +63,8 @@ class LRSchedule:
     """Sets `group["lr"] = group[BASE_LR_KEY] * lr_factor(iteration, epoch)` for every group.
 
     The optimizer groups carry their own base LR (layer decay), so one factor serves them all.
+    There is nothing to load on resume: the factor is a function of (iteration, epoch), the base
+    LRs come back with the optimizer state, and the config in force decides the schedule.
     """
 
     def __init__(
@@ -105,8 +112,3 @@ class LRSchedule:
             "milestones": list(self.milestones),
             "gamma": self.gamma,
         }
-
-    def load_state_dict(self, state: dict) -> None:
-        # The config in force wins (a resumed run may change the schedule on purpose); the
-        # optimizer groups' base LRs come back with the optimizer state.
-        pass

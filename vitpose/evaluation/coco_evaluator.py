@@ -12,6 +12,13 @@ A prediction is a dict `{"id", "image_id", "keypoints" (K, 2) image px, "keypoin
 written into the results, as MMPose's top-down metric does, and COCOeval then measures each
 detection's area from it (this decides the medium/large split); without it COCOeval uses the
 extent of the keypoints.
+
+MMPose scores with xtcocotools' COCOeval and ran under NumPy 1.x; the published numbers come from
+that. This module reproduces it on top of pycocotools (docs/mmpose-edge-cases.md §2 to §5):
+a detection whose keypoint scores are all <= 0 is kept in the results but not evaluated; the
+sigmas are float32; the ground truth is read as xtcocotools reads it (a missing `iscrowd` is 0, a
+GT is ignored when none of its keypoints is labelled, whatever `num_keypoints` says); keypoint
+scores meet the 0.2 threshold in float64; NMS adds two float32 areas in float32.
 """
 
 from __future__ import annotations
@@ -22,13 +29,14 @@ import io
 import json
 import logging
 import warnings
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from vitpose.coco_meta import SIGMAS
+from vitpose.coco_meta import PERSON_CATEGORY_ID, SIGMAS
 from vitpose.evaluation.nms import oks_nms, soft_oks_nms
 
 log = logging.getLogger(__name__)
@@ -36,11 +44,16 @@ log = logging.getLogger(__name__)
 STAT_NAMES = ("AP", "AP .5", "AP .75", "AP (M)", "AP (L)", "AR", "AR .5", "AR .75", "AR (M)", "AR (L)")
 SCORE_MODES = ("bbox_keypoint", "bbox")
 NMS_MODES = ("oks_nms", "soft_oks_nms", "none")
-PERSON_CATEGORY_ID = 1
+# The fields of a ground-truth annotation that COCOeval reads for keypoints.
+ANNOTATION_FIELDS = ("id", "image_id", "category_id", "keypoints", "area", "bbox")
 
 
 class PredictionError(ValueError):
     """A prediction that does not fit the schema (names its position, id and the field)."""
+
+
+class GroundTruthError(ValueError):
+    """An annotation file COCO keypoint evaluation cannot use (names the file, the record, the field)."""
 
 
 @contextlib.contextmanager
@@ -88,9 +101,11 @@ class PredictionArrays:
     ids: np.ndarray  # (N,) int64
     image_ids: np.ndarray  # (N,) int64
     keypoints: np.ndarray  # (N, K, 2) float64, may hold NaN (an all-zero heatmap decodes to NaN)
-    keypoint_scores: np.ndarray  # (N, K): float32 stays float32, so 0.2 is compared as MMPose does
+    keypoint_scores: np.ndarray  # (N, K) float32 or float64, as given (the results keep the values)
     bbox_scores: np.ndarray  # (N,) float64
-    areas: np.ndarray  # (N,) float64
+    # (N,) float32: MMPose's top-down area is the product of the float32 box size, and its NMS adds
+    # two of them in float32 (docs/mmpose-edge-cases.md §5).
+    areas: np.ndarray
     bboxes: np.ndarray | None  # (N, 4) float64 (x, y, w, h), or None when no prediction has one
 
 
@@ -100,7 +115,7 @@ def check_predictions(predictions: Sequence[dict], num_keypoints: int) -> Predic
     ids = np.empty(n, np.int64)
     image_ids = np.empty(n, np.int64)
     bbox_scores = np.empty(n, np.float64)
-    areas = np.empty(n, np.float64)
+    areas = np.empty(n, np.float32)
     keypoints, scores, bboxes = [], [], []
     with_bbox = None
     for i, pred in enumerate(predictions):
@@ -143,8 +158,110 @@ def check_predictions(predictions: Sequence[dict], num_keypoints: int) -> Predic
     return columns
 
 
+def _fail(path: Path, message: str):
+    raise GroundTruthError(f"{path}: {message}")
+
+
+def _check_annotation(path: Path, index: int, ann, num_keypoints: int, image_ids: set) -> None:
+    where = f"annotation #{index}"
+    if not isinstance(ann, dict):
+        _fail(path, f"{where}: expected an object, got {type(ann).__name__}")
+    where = f"annotation #{index} (id {ann.get('id')!r})"
+    for field in ANNOTATION_FIELDS:
+        if field not in ann:
+            _fail(path, f"{where}: missing field {field!r}, which COCO keypoint evaluation reads")
+    if not isinstance(ann["id"], int) or isinstance(ann["id"], bool):
+        _fail(path, f"{where}: field 'id' must be an integer")
+    keypoints = ann["keypoints"]
+    if not isinstance(keypoints, list) or len(keypoints) != 3 * num_keypoints:
+        size = len(keypoints) if isinstance(keypoints, list) else type(keypoints).__name__
+        _fail(path, f"{where}: field 'keypoints' must be a list of {3 * num_keypoints} numbers "
+                    f"(x, y, v for {num_keypoints} keypoints), got {size}")
+    if ann["image_id"] not in image_ids:
+        _fail(path, f"{where}: field 'image_id' {ann['image_id']!r} is not in the file's images")
+
+
+def read_ground_truth(ann_file, num_keypoints: int) -> dict:
+    """Load a COCO keypoint annotation file, refuse what evaluation cannot use, and read it as
+    xtcocotools (MMPose's COCOeval) does.
+
+    Refused with a GroundTruthError naming the file: no `annotations` (MMPose asserts) or an empty
+    list (MMPose would report -1 for every stat), no `images`, no person category, an annotation
+    without a field COCOeval reads, with a wrong number of keypoints or an unknown image, and
+    negative or repeated annotation ids (xtcocotools counts a match to a negative id as a false
+    positive; COCO's index keeps one annotation per id).
+    Read as xtcocotools does, so that pycocotools then scores alike (docs/mmpose-edge-cases.md §4):
+    a missing `iscrowd` is 0; `num_keypoints` becomes the number of labelled keypoints (v > 0),
+    which is what decides whether a GT is ignored; an annotation id 0 gets an unused id, because
+    pycocotools' matching reads id 0 as "no match".
+    """
+    path = Path(ann_file)
+    try:
+        dataset = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        _fail(path, f"not valid JSON ({e})")
+    if not isinstance(dataset, dict):
+        _fail(path, f"expected a COCO annotation object, got a JSON {type(dataset).__name__}")
+    if "annotations" not in dataset:
+        _fail(path, "no 'annotations': COCO keypoint evaluation needs the ground truth "
+                    "(MMPose's CocoMetric refuses such a file as well)")
+    annotations = dataset["annotations"]
+    if not isinstance(annotations, list) or not annotations:
+        _fail(path, "'annotations' is empty: there is no ground truth to evaluate against "
+                    "(MMPose would report -1 for every stat)")
+    if not isinstance(dataset.get("images"), list) or not dataset["images"]:
+        _fail(path, "no 'images' list")
+    categories = dataset.get("categories")
+    if not isinstance(categories, list) or not any(
+            isinstance(c, dict) and c.get("id") == PERSON_CATEGORY_ID for c in categories):
+        _fail(path, f"no category with id {PERSON_CATEGORY_ID} ('person') in 'categories'")
+    image_ids = {img.get("id") for img in dataset["images"] if isinstance(img, dict)}
+    for index, ann in enumerate(annotations):
+        _check_annotation(path, index, ann, num_keypoints, image_ids)
+    ids = [ann["id"] for ann in annotations]
+    if min(ids) < 0:
+        _fail(path, f"annotation id {min(ids)} is negative: xtcocotools, which MMPose evaluates with, "
+                    "counts a match to it as a false positive; renumber the annotations")
+    repeated = sorted(i for i, count in Counter(ids).items() if count > 1)[:10]
+    if repeated:
+        _fail(path, f"annotation ids {repeated} appear more than once; COCO's index would keep only one of each")
+    unused_id = max(ids) + 1
+    for ann in annotations:
+        ann.setdefault("iscrowd", 0)
+        ann["num_keypoints"] = int(np.count_nonzero(np.asarray(ann["keypoints"][2::3]) > 0))
+        if ann["id"] == 0:
+            ann["id"] = unused_id
+    return dataset
+
+
+def _coco_index(dataset: dict):
+    """A pycocotools COCO over an already loaded annotation dict."""
+    from pycocotools.coco import COCO
+
+    coco = COCO()
+    coco.dataset = dataset
+    coco.createIndex()
+    return coco
+
+
+def evaluated_by_cocoeval(result: dict) -> bool:
+    """Whether xtcocotools' COCOeval scores a result at all: it leaves out, before matching, every
+    detection none of whose keypoint scores is above 0 (it stays in the results file;
+    docs/mmpose-edge-cases.md §3)."""
+    return any(score > 0 for score in result["keypoints"][2::3])
+
+
 class CocoEvaluator:
-    """MMPose's CocoMetric (ViTPose settings) on top of pycocotools' COCOeval."""
+    """MMPose's CocoMetric (ViTPose settings) on top of pycocotools' COCOeval.
+
+    Args:
+        ann_file: COCO keypoint annotation file (checked and read by `read_ground_truth`).
+        score_mode: "bbox_keypoint" (rescoring, ViTPose) or "bbox" (the box score alone).
+        keypoint_score_thr: keypoint scores above it enter the rescoring mean.
+        nms_mode: "oks_nms" (ViTPose), "soft_oks_nms" or "none".
+        nms_thr: OKS threshold of the NMS.
+        sigmas: per-keypoint OKS sigmas (default: COCO's); used as float32, as MMPose does.
+    """
 
     def __init__(self, ann_file, score_mode: str = "bbox_keypoint", keypoint_score_thr: float = 0.2,
                  nms_mode: str = "oks_nms", nms_thr: float = 0.9, sigmas: Sequence[float] | None = None):
@@ -159,13 +276,14 @@ class CocoEvaluator:
         self.keypoint_score_thr = float(keypoint_score_thr)
         self.nms_mode = nms_mode
         self.nms_thr = float(nms_thr)
-        self.sigmas = np.asarray(SIGMAS if sigmas is None else sigmas, dtype=np.float64)
+        # MMPose's dataset meta holds the sigmas as float32, and hands them so to NMS and COCOeval.
+        self.sigmas = np.asarray(SIGMAS if sigmas is None else sigmas, dtype=np.float32)
+        if self.sigmas.ndim != 1 or len(self.sigmas) == 0 or not (self.sigmas > 0).all():
+            raise ValueError(f"sigmas must be a non-empty list of positive numbers, got {self.sigmas.tolist()}")
         self.num_keypoints = len(self.sigmas)
 
-        from pycocotools.coco import COCO
-
-        with _quiet(f"loading {self.ann_file}"):
-            self.coco = COCO(str(self.ann_file))
+        with _quiet(f"indexing {self.ann_file}"):
+            self.coco = _coco_index(read_ground_truth(self.ann_file, self.num_keypoints))
         self.image_ids = set(self.coco.getImgIds())
 
     # -- protocol ---------------------------------------------------------------------------------
@@ -173,14 +291,20 @@ class CocoEvaluator:
     def rescore(self, keypoint_scores: np.ndarray, bbox_scores) -> np.ndarray:
         """bbox_score x mean of the keypoint scores above the threshold (0 when none are).
 
-        keypoint_scores (..., K), bbox_scores (...) -> (...) float64.
+        keypoint_scores (..., K), bbox_scores (...) -> (...) float64. MMPose compares one numpy
+        float32 score at a time with the Python float threshold, which NumPy 1.x does in float64:
+        a score of exactly float32(0.2) (0.2000000030) is above 0.2. So the comparison here is in
+        float64 whatever the scores' dtype (docs/mmpose-edge-cases.md §2).
         """
         bbox_scores = np.asarray(bbox_scores, dtype=np.float64)
         if self.score_mode == "bbox":
             return bbox_scores
-        confident = keypoint_scores > self.keypoint_score_thr  # in the scores' own dtype
+        scores = np.asarray(keypoint_scores, dtype=np.float64)
+        confident = scores > self.keypoint_score_thr
         count = confident.sum(axis=-1)
-        total = np.where(confident, keypoint_scores, 0).sum(axis=-1, dtype=np.float64)
+        # MMPose adds the confident scores one by one, left to right, in float64; a cumulative sum
+        # adds in that order (adding 0.0 for the others changes nothing), where np.sum would pair.
+        total = np.cumsum(np.where(confident, scores, 0.0), axis=-1)[..., -1]
         mean = np.divide(total, count, out=np.zeros_like(total), where=count > 0)
         return bbox_scores * mean
 
@@ -206,7 +330,10 @@ class CocoEvaluator:
         return kept
 
     def results(self, predictions: Sequence[dict]) -> list[dict]:
-        """The COCO results list (after de-duplication, rescoring and NMS) that COCOeval scores.
+        """The COCO results list (after de-duplication, rescoring and NMS), as MMPose writes it.
+
+        COCOeval then leaves out the entries none of whose keypoint scores is above 0 (see
+        `evaluated_by_cocoeval`); they stay in this list, as they stay in MMPose's results file.
 
         Each entry: `image_id`, `category_id`, `keypoints` (x, y, score) * K flattened, `score`,
         and `bbox` when the predictions carry it. Images keep their first-appearance order and
@@ -250,16 +377,30 @@ class CocoEvaluator:
 
         from pycocotools.cocoeval import COCOeval
 
+        # xtcocotools leaves these out before it matches anything; so they take no maxDets slot.
+        evaluated = [r for r in results if evaluated_by_cocoeval(r)]
         with _quiet("COCOeval"):
             # loadRes fills in area/bbox/id in place; keep the caller's list untouched.
-            detections = self.coco.loadRes(copy.deepcopy(results))
+            detections = self.coco.loadRes(copy.deepcopy(evaluated)) if evaluated else self._no_detections()
             coco_eval = COCOeval(self.coco, detections, iouType="keypoints")
+            # float32 sigmas, as MMPose hands them to xtcocotools: (2 sigma)^2 is then float32 too.
             coco_eval.params.kpt_oks_sigmas = self.sigmas.copy()
             coco_eval.params.useSegm = None
             coco_eval.evaluate()
             coco_eval.accumulate()
             coco_eval.summarize()
         return {name: float(value) for name, value in zip(STAT_NAMES, coco_eval.stats)}
+
+    def _no_detections(self):
+        # What xtcocotools evaluates when no result has a positive keypoint score: the images and
+        # categories of the ground truth and no detection (pycocotools' loadRes needs at least one).
+        from pycocotools.coco import COCO
+
+        empty = COCO()
+        empty.dataset = {"images": list(self.coco.dataset["images"]), "annotations": [],
+                         "categories": copy.deepcopy(self.coco.dataset["categories"])}
+        empty.createIndex()
+        return empty
 
     def write_results(self, predictions: Sequence[dict], path) -> Path:
         """Write the COCO keypoint results JSON (after the protocol) that `evaluate` scores."""

@@ -22,14 +22,21 @@ def _variances(sigmas, num_keypoints: int) -> np.ndarray:
     return (sigmas * 2) ** 2
 
 
+def _mean_area(area_sum: np.ndarray) -> np.ndarray:
+    # MMPose adds the two areas in their own dtype (two float32 scalars give a float32 sum), then
+    # NumPy 1.x divides that scalar by the Python int 2 in float64.
+    return area_sum.astype(np.float64) / 2 + np.spacing(1)
+
+
 def oks_one_to_many(keypoints: np.ndarray, areas: np.ndarray, i: int, others: np.ndarray,
                     variances: np.ndarray) -> np.ndarray:
     """OKS of instance i against instances `others`, all keypoints counted -> (len(others),) float32.
 
-    e_k = d_k^2 / (2 sigma_k)^2 / ((a_i + a_j) / 2 + eps) / 2 and OKS = mean_k exp(-e_k).
+    e_k = d_k^2 / (2 sigma_k)^2 / ((a_i + a_j) / 2 + eps) / 2 and OKS = mean_k exp(-e_k), with
+    a_i + a_j added in the areas' dtype (float32 areas: a float32 sum, as in MMPose).
     """
     d2 = ((keypoints[others] - keypoints[i]) ** 2).sum(-1)  # (M, K), K contiguous
-    mean_area = (areas[i] + areas[others]) / 2 + np.spacing(1)
+    mean_area = _mean_area(areas[i] + areas[others])
     e = d2 / variances / mean_area[:, None] / 2
     # A reduction over the contiguous last axis sums in the same order as MMPose's 1-D sums.
     return (np.sum(np.exp(-e), axis=-1) / keypoints.shape[1]).astype(np.float32)
@@ -39,15 +46,20 @@ def pairwise_oks(keypoints, areas, sigmas=None) -> np.ndarray:
     """OKS between every pair of instances: keypoints (N, K, 2) px, areas (N,) px^2 -> (N, N) float32.
 
     Row i equals `oks_one_to_many(..., i, all)` bit for bit (same operations in the same order).
+    float32 areas are added in float32 (MMPose's top-down areas are float32); others in float64.
     """
     keypoints = np.asarray(keypoints, dtype=np.float64)
-    areas = np.asarray(areas, dtype=np.float64)
-    return _pairwise(keypoints, areas, _variances(sigmas, keypoints.shape[1]))
+    return _pairwise(keypoints, _as_areas(areas), _variances(sigmas, keypoints.shape[1]))
+
+
+def _as_areas(areas) -> np.ndarray:
+    areas = np.asarray(areas)
+    return areas if areas.dtype == np.float32 else areas.astype(np.float64)
 
 
 def _pairwise(keypoints, areas, variances):
     d2 = ((keypoints[None, :] - keypoints[:, None]) ** 2).sum(-1)  # [i, j] = |kpt_j - kpt_i|^2, (N, N, K)
-    mean_area = (areas[:, None] + areas[None, :]) / 2 + np.spacing(1)
+    mean_area = _mean_area(areas[:, None] + areas[None, :])
     e = d2 / variances / mean_area[:, :, None] / 2
     return (np.sum(np.exp(-e), axis=-1) / keypoints.shape[1]).astype(np.float32)
 
@@ -68,7 +80,7 @@ def _oks_rows(keypoints, areas, variances):
 def _prepare(keypoints, scores, areas, sigmas):
     keypoints = np.asarray(keypoints, dtype=np.float64)
     scores = np.asarray(scores, dtype=np.float64)
-    areas = np.asarray(areas, dtype=np.float64)
+    areas = _as_areas(areas)
     if not len(keypoints) == len(scores) == len(areas):
         raise ValueError(f"{len(keypoints)} keypoint sets, {len(scores)} scores and {len(areas)} areas")
     variances = _variances(sigmas, keypoints.shape[1]) if len(keypoints) else None
@@ -84,6 +96,7 @@ def oks_nms(keypoints, scores, areas, thr: float = 0.9, sigmas=None) -> np.ndarr
     """Greedy OKS-NMS: keep the best instance, drop those with OKS > thr to it, repeat.
 
     keypoints (N, K, 2), scores (N,), areas (N,) -> indices of the kept instances, best first.
+    Give the areas as float32 to reproduce MMPose's top-down metric, whose areas are float32.
     """
     keypoints, scores, areas, variances = _prepare(keypoints, scores, areas, sigmas)
     if len(scores) == 0:
