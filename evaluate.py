@@ -165,6 +165,9 @@ def run(args) -> dict:
     print(f"predicted : {len(predictions)} crops in {seconds:.1f} s ({len(predictions) / max(seconds, 1e-9):.1f} crops/s)")
 
     stats = evaluator.evaluate(predictions)
+    if evaluator.last_nonfinite:
+        print(f"non-finite: {evaluator.last_nonfinite} of {len(predictions)} predictions have non-finite keypoints "
+              f"or scores (a diverged or broken model?); they are scored as misses (OKS 0)")
     out = args.out or Path(cfg.train.work_dir) / "eval" / "predictions.json"
     save_predictions(predictions, out)
     results_file = evaluator.write_results(predictions, out.with_name(out.name.removesuffix(".json") + ".coco_results.json"))

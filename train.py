@@ -278,6 +278,9 @@ def train(cfg, config_path: Path, resume: str | None, stop, overwrite: bool = Fa
                 ap = None
                 if is_main:
                     stats = evaluator.evaluate(predictions)
+                    if evaluator.last_nonfinite:  # a diverged model: scored as misses, the run goes on
+                        telemetry.message(f"epoch {done}: {evaluator.last_nonfinite} of {len(predictions)} validation "
+                                          f"predictions have non-finite keypoints or scores; scored as misses")
                     telemetry.log_eval(done - 1, max(state.iteration - 1, 0), stats)
                     ap = float(stats["AP"])
                 ap = D.broadcast_object(ap, ctx)

@@ -425,3 +425,46 @@ def test_unusable_annotations_are_refused(tmp_path, annotations, change, match):
 
 def test_annotation_file_that_is_not_json(tmp_path):
     refused(tmp_path, "{not json", "not valid JSON")
+
+
+# ---- non-finite predictions (issue #10): a broken model must not score well --------------------
+
+def broken_model_predictions(metric):
+    """What a diverged model gives: every keypoint NaN (constant heatmaps), keypoint scores 0..1."""
+    preds = to_predictions(scenario_named(metric, "exact"))
+    for p in preds:
+        p["keypoints"] = np.full_like(p["keypoints"], np.nan)
+    return preds
+
+
+def test_nonfinite_predictions_score_zero_and_are_counted(metric, evaluator, ann_file):
+    preds = broken_model_predictions(metric)
+    # Plain pycocotools counts a NaN OKS as a match: the broken model would look good.
+    naive = [dict(r) for r in CocoEvaluator(ann_file, nms_mode="none").results(preds)]
+    assert pycocotools_stats(ann_file, naive)["AP"] > 0.3
+    with pytest.warns(UserWarning, match=f"{len(preds)} of {len(preds)} predictions have non-finite"):
+        stats = evaluator.evaluate(preds)
+    assert evaluator.last_nonfinite == len(preds)
+    assert stats["AP"] == 0.0 and stats["AR"] == 0.0
+
+
+def test_nonfinite_scores_are_accepted_and_scored_as_misses(metric, evaluator):
+    preds = to_predictions(scenario_named(metric, "exact"))
+    good = evaluator.evaluate(preds)["AP"]
+    for p in preds[:3]:
+        p["keypoint_scores"] = np.full_like(p["keypoint_scores"], np.nan)
+    with pytest.warns(UserWarning, match="3 of .* non-finite"):
+        stats = evaluator.evaluate(preds)
+    assert 0 < stats["AP"] < good
+
+
+def test_a_nonfinite_instance_suppresses_nobody_in_nms():
+    from vitpose.evaluation.nms import oks_nms, soft_oks_nms
+
+    rng = np.random.default_rng(0)
+    person = rng.uniform(0, 100, (17, 2))
+    keypoints = np.stack([np.full((17, 2), np.nan), person, person + 0.1])
+    scores, areas = np.array([0.9, 0.8, 0.7]), np.array([5000.0, 5000.0, 5000.0], np.float32)
+    # The NaN instance (best score) is kept but removes neither finite one; the finite pair is a duplicate.
+    assert oks_nms(keypoints, scores, areas, 0.9).tolist() == [0, 1]
+    assert sorted(soft_oks_nms(keypoints, scores, areas, 0.9).tolist()) == [0, 1, 2]

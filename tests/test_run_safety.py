@@ -343,3 +343,22 @@ def test_lock_is_released_after_the_run(data_root, finished):
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # would raise if a run still held it
     finally:
         os.close(fd)
+
+
+# ---- evaluation of a broken model ------------------------------------------------------------
+
+def test_a_model_that_decodes_nan_validates_to_zero_without_stopping(data_root, tmp_path, monkeypatch, capsys):
+    """Constant heatmaps decode to NaN keypoints: AP 0 (not the 0.39 plain pycocotools gives), said, run goes on."""
+    import warnings
+
+    import vitpose.engine.evaluate as ev
+
+    real = ev.forward_heatmaps
+    monkeypatch.setattr(ev, "forward_heatmaps", lambda *a, **k: torch.zeros_like(real(*a, **k)))
+    args = tiny_args(data_root, tmp_path, "--set", "train.val_every=1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert train.main(args) == 0
+    out = capsys.readouterr().out
+    assert "validation predictions have non-finite keypoints or scores; scored as misses" in out
+    assert load_checkpoint(tmp_path / "last.pth")["best_ap"] == 0.0

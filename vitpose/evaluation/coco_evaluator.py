@@ -145,8 +145,9 @@ def check_predictions(predictions: Sequence[dict], num_keypoints: int) -> Predic
         np.stack(bboxes).astype(np.float64) if with_bbox else None)
     if columns.keypoint_scores.dtype.kind != "f":
         columns.keypoint_scores = columns.keypoint_scores.astype(np.float64)
-    # Scores, areas and boxes must be finite (keypoint coordinates may be NaN, as in MMPose).
-    for key, values in (("keypoint_scores", columns.keypoint_scores), ("bbox_score", bbox_scores),
+    # Box scores, areas and boxes must be finite. Keypoints and their scores may not be: a diverged
+    # or broken model decodes NaN, and such a prediction is scored as a miss (see `nonfinite_rows`).
+    for key, values in (("bbox_score", bbox_scores),
                         ("area", areas), ("bbox", columns.bboxes)):
         if values is None or n == 0:
             continue
@@ -156,6 +157,34 @@ def check_predictions(predictions: Sequence[dict], num_keypoints: int) -> Predic
             raise PredictionError(f"{_where(predictions[i], i)}: field {key!r} is not finite: "
                                   f"{np.asarray(predictions[i][key]).tolist()}")
     return columns
+
+
+def nonfinite_rows(columns: PredictionArrays) -> np.ndarray:
+    """(N,) bool: predictions with a non-finite keypoint coordinate or keypoint score."""
+    n = len(columns.ids)
+    if n == 0:
+        return np.zeros(0, bool)
+    return ~(np.isfinite(columns.keypoints.reshape(n, -1)).all(axis=1)
+             & np.isfinite(np.asarray(columns.keypoint_scores, np.float64).reshape(n, -1)).all(axis=1))
+
+
+def _finite_oks_cocoeval():
+    """pycocotools' COCOeval whose OKS is 0 wherever it is not finite.
+
+    pycocotools matches a detection to a ground truth unless `oks < threshold`; a NaN OKS (from a
+    NaN keypoint) is never below anything, so without this a broken model whose keypoints are all
+    NaN matches every person and scores a high AP (0.39 on the synthetic set instead of 0).
+    """
+    from pycocotools.cocoeval import COCOeval
+
+    class FiniteOksCOCOeval(COCOeval):
+        def computeOks(self, imgId, catId):
+            ious = super().computeOks(imgId, catId)
+            if isinstance(ious, np.ndarray):
+                ious = np.where(np.isfinite(ious), ious, 0.0)
+            return ious
+
+    return FiniteOksCOCOeval
 
 
 def _fail(path: Path, message: str):
@@ -285,6 +314,8 @@ class CocoEvaluator:
         with _quiet(f"indexing {self.ann_file}"):
             self.coco = _coco_index(read_ground_truth(self.ann_file, self.num_keypoints))
         self.image_ids = set(self.coco.getImgIds())
+        # Predictions with non-finite keypoints or scores in the last `results` call (scored as misses).
+        self.last_nonfinite = 0
 
     # -- protocol ---------------------------------------------------------------------------------
 
@@ -340,6 +371,12 @@ class CocoEvaluator:
         instances their NMS order, which decides COCOeval's order between equal scores.
         """
         columns = check_predictions(predictions, self.num_keypoints)
+        self.last_nonfinite = int(nonfinite_rows(columns).sum())
+        if self.last_nonfinite:
+            message = (f"{self.last_nonfinite} of {len(columns.ids)} predictions have non-finite keypoints or "
+                       f"scores (a diverged or broken model?): they are scored as misses (OKS 0)")
+            warnings.warn(message, stacklevel=2)
+            log.warning(message)
         if len(columns.ids) == 0:
             return []
         unknown = sorted(set(columns.image_ids.tolist()) - self.image_ids)
@@ -375,14 +412,12 @@ class CocoEvaluator:
             log.warning(message)
             return {name: 0.0 for name in STAT_NAMES}
 
-        from pycocotools.cocoeval import COCOeval
-
         # xtcocotools leaves these out before it matches anything; so they take no maxDets slot.
         evaluated = [r for r in results if evaluated_by_cocoeval(r)]
         with _quiet("COCOeval"):
             # loadRes fills in area/bbox/id in place; keep the caller's list untouched.
             detections = self.coco.loadRes(copy.deepcopy(evaluated)) if evaluated else self._no_detections()
-            coco_eval = COCOeval(self.coco, detections, iouType="keypoints")
+            coco_eval = _finite_oks_cocoeval()(self.coco, detections, iouType="keypoints")
             # float32 sigmas, as MMPose hands them to xtcocotools: (2 sigma)^2 is then float32 too.
             coco_eval.params.kpt_oks_sigmas = self.sigmas.copy()
             coco_eval.params.useSegm = None

@@ -70,11 +70,20 @@ DENSE_MAX = 256
 
 
 def _oks_rows(keypoints, areas, variances):
-    """A function (i, others) -> OKS of i against others, dense or row by row."""
+    """A function (i, others) -> OKS of i against others, dense or row by row.
+
+    An instance with a non-finite keypoint (a diverged model decodes NaN) has OKS 0 with every
+    other: it neither suppresses nor is suppressed by anyone (MMPose's NaN comparisons would let
+    one such instance remove every other of its image).
+    """
     if len(keypoints) <= DENSE_MAX:
-        matrix = _pairwise(keypoints, areas, variances)
+        matrix = _finite_or_zero(_pairwise(keypoints, areas, variances))
         return lambda i, others: matrix[i, others]
-    return lambda i, others: oks_one_to_many(keypoints, areas, i, others, variances)
+    return lambda i, others: _finite_or_zero(oks_one_to_many(keypoints, areas, i, others, variances))
+
+
+def _finite_or_zero(oks: np.ndarray) -> np.ndarray:
+    return np.where(np.isfinite(oks), oks, oks.dtype.type(0))
 
 
 def _prepare(keypoints, scores, areas, sigmas):
