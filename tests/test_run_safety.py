@@ -249,7 +249,7 @@ def test_yaml_syntax_error_names_the_file_and_line(tmp_path):
     assert str(bad) in str(e.value) and "line " in str(e.value) and "<unicode string>" not in str(e.value)
 
 
-def test_a_corrupt_validation_image_stops_the_run_before_training(data_root, tmp_path, capsys):
+def test_a_corrupt_validation_image_stops_the_run_before_training(data_root, finished, tmp_path, capsys):
     root = tmp_path / "data"
     shutil.copytree(data_root, root)
     image = sorted((root / "val2017").glob("*.jpg"))[0]
@@ -362,3 +362,49 @@ def test_a_model_that_decodes_nan_validates_to_zero_without_stopping(data_root, 
     out = capsys.readouterr().out
     assert "validation predictions have non-finite keypoints or scores; scored as misses" in out
     assert load_checkpoint(tmp_path / "last.pth")["best_ap"] == 0.0
+
+
+# ---- workers, skip warnings, dropped records -------------------------------------------------
+
+def test_skipped_training_images_are_summed_per_epoch_into_train_log(data_root, finished, tmp_path):
+    root = tmp_path / "data"
+    shutil.copytree(data_root, root)
+    bad = sorted((root / "train2017").glob("*.jpg"))[0]
+    bad.write_bytes(b"not a jpeg")
+    assert train.main(tiny_args(root, tmp_path / "run", epochs=1)) == 0
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "unreadable training image(s) skipped" in log and "epoch 0: " in log
+
+
+def test_dropped_record_counts_are_printed_at_start(data_root, tmp_path, capsys):
+    assert train.main(tiny_args(data_root, tmp_path, epochs=1)) == 0
+    out = capsys.readouterr().out
+    assert "training set: 8 instances from" in out and "records dropped:" in out
+    assert "validation set: " in out
+
+
+def test_ctrl_c_to_the_process_group_saves_and_exits_cleanly(data_root, tmp_path):
+    """SIGINT reaches the loader workers too (same process group): they ignore it, main saves."""
+    import signal
+
+    # Accumulating over 3 batches, the step in flight when Ctrl-C comes still needs batches from
+    # the workers; a worker that died of the SIGINT would break it (and so the save).
+    args = tiny_args(data_root, tmp_path, "--set", "optim.accum_steps=3", "--set", "loader.batch_size=1",
+                     epochs=50)
+    args[args.index("--workers") + 1] = "2"
+    proc = subprocess.Popen([sys.executable, str(REPO / "train.py"), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("Epoch 0 [2/"):  # training is under way, workers are up
+            break
+    os.killpg(proc.pid, signal.SIGINT)
+    rest, _ = proc.communicate(timeout=120)
+    text = "".join(lines) + rest
+    assert proc.returncode == 0, text[-3000:]
+    assert "stopped by SIGINT" in text and "Traceback" not in text
+    # Only the main process acts on it: one announcement, not one per worker process.
+    assert text.count("SIGINT received") == 1, text[-3000:]
+    saved = load_checkpoint(tmp_path / "last.pth")
+    assert saved["iteration"] >= 2

@@ -219,7 +219,11 @@ class CocoKeypoints(Dataset):
                 rng = np.random.default_rng((self.seed, epoch, i, attempt))
                 j = int(rng.integers(len(self)))
             try:
-                return self._train_sample(j, rng)
+                sample = self._train_sample(j, rng)
+                # How many unreadable images this sample stands in for: the training loop adds
+                # these up into a per-epoch summary (the warnings come from worker processes).
+                sample["skipped_images"] = attempt
+                return sample
             except DataError as e:
                 self.bad_images += 1
                 if self.bad_images > self.max_bad_images:

@@ -46,6 +46,7 @@ import math
 import mmap
 import os
 import random
+import signal
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -289,6 +290,10 @@ def cv2_threads_parked():
 
 
 def _init_worker(worker_id: int, seed: int, rank: int) -> None:
+    # Ctrl-C reaches the whole foreground process group. Only the main process acts on it (it
+    # finishes the step and saves); a forked worker would otherwise run the handler it inherited
+    # (announce a stop it cannot carry out) or, without one, die and break the step in flight.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # One thread per worker: N workers x M library threads on N cores only thrash.
     torch.set_num_threads(1)
     try:

@@ -155,10 +155,13 @@ def train_one_epoch(run: TrainRun, batches: Iterable[dict], epoch: int, cfg, bat
     model_cfg = cfg.model
     last_save = time.monotonic()
     micro, loss_sum, samples, data_time = 0, 0.0, 0, 0.0
+    skipped_images = 0  # unreadable images this rank's workers replaced (they log each one)
     t0 = time.perf_counter()
     for batch in batches:
         # ---- micro-batch: targets on the device, forward, backward (no all-reduce until the last)
         data_time += time.perf_counter() - t0
+        if "skipped_images" in batch:
+            skipped_images += int(batch["skipped_images"].sum())
         images, heatmaps, weights = prepare_batch(batch, ctx.device, model_cfg.input_size,
                                                   model_cfg.heatmap_size, model_cfg.sigma)
         if micro == 0:
@@ -207,6 +210,10 @@ def train_one_epoch(run: TrainRun, batches: Iterable[dict], epoch: int, cfg, bat
             last_save = time.monotonic()
         t0 = time.perf_counter()
 
+    if skipped_images:
+        telemetry.message(f"epoch {epoch}: {skipped_images} unreadable training image(s) skipped on this process "
+                          f"and replaced by other instances (data.max_bad_images={cfg.data.max_bad_images} per "
+                          f"worker); the files are named in the warnings above")
     state.epoch, state.batch, state.epoch_end_pending = epoch + 1, 0, True
     return EpochEnd.COMPLETED
 
