@@ -139,7 +139,6 @@ def train(cfg, config_path: Path, resume: str | None, stop) -> int:
     import torch
 
     from vitpose.engine import distributed as D
-    from vitpose.engine import runtime
 
     work_dir = Path(cfg.train.work_dir)
     ctx = D.init_distributed(cfg.train.device)  # torchrun's environment, or a single process
@@ -245,7 +244,9 @@ def train(cfg, config_path: Path, resume: str | None, stop) -> int:
     total_steps = steps_per_epoch * cfg.schedule.epochs
 
     from vitpose.engine.evaluate import predict
+    from vitpose.engine.gpu_monitor import GpuMonitor
     from vitpose.engine.telemetry import Telemetry
+    from vitpose.engine.thermal import ThermalGuard
     from vitpose.evaluation import CocoEvaluator
 
     codec = build_codec(cfg.model)
@@ -253,15 +254,14 @@ def train(cfg, config_path: Path, resume: str | None, stop) -> int:
                               keypoint_score_thr=cfg.eval.keypoint_score_thr, nms_mode=cfg.eval.nms_mode,
                               nms_thr=cfg.eval.nms_thr) if is_main else None
 
-    # Detached, stdout already is train.log, which Telemetry also writes: keep its terminal copy quiet.
-    quiet = open(os.devnull, "w") if runtime.is_detached() else None  # noqa: SIM115 (closed in finish)
     telemetry = Telemetry(
         work_dir, total_iters=total_steps, iters_per_epoch=steps_per_epoch, is_main=is_main,
-        log_every=cfg.train.log_every, tensorboard=cfg.train.tensorboard, device=device,
-        thermal_limit_c=cfg.train.thermal_limit_c, thermal_guard=cfg.train.thermal_guard,
-        stream=quiet,
+        log_every=cfg.train.log_every, tensorboard=cfg.train.tensorboard,
         num_workers=loaders.num_workers, world_size=world_size, config_path=str(config_path),
     )
+    gpu = GpuMonitor(device)
+    thermal = ThermalGuard(cfg.train.thermal_limit_c, cfg.train.thermal_guard, gpu.temperature,
+                           say=telemetry.message, warn=telemetry.warn)
     telemetry.message(
         f"{cfg.model.name}-{cfg.model.decoder}: {num_params / 1e6:.2f} M parameters, {precision.name} on {device}, "
         f"{world_size} process(es) x batch {cfg.loader.batch_size} x accum {accum}, "
@@ -287,8 +287,6 @@ def train(cfg, config_path: Path, resume: str | None, stop) -> int:
         telemetry.close()
         loaders.close()
         D.cleanup(ctx)
-        if quiet is not None:
-            quiet.close()
         return code
 
     # ---- the loop -----------------------------------------------------------------------
@@ -322,8 +320,11 @@ def train(cfg, config_path: Path, resume: str | None, stop) -> int:
             grad_norm, _ = optimizer_step(model, optimizer, precision, cfg.optim.clip_grad,
                                                 loss_finite=not nonfinite)
             lr_now = optimizer.param_groups[-1]["lr"]
-            telemetry.log_step(state.iteration, epoch, loss_mean, lr_now, samples,
-                               time.perf_counter() - t0, data_time, extra={"grad_norm": grad_norm})
+            if telemetry.step(state.iteration, epoch, loss_mean, lr_now, samples,
+                              time.perf_counter() - t0, data_time, extra={"grad_norm": grad_norm}):
+                reading = gpu.read()
+                telemetry.report(reading)
+                thermal.check(reading)
             state.iteration += 1
             micro, loss_sum, samples, data_time = 0, 0.0, 0, 0.0
 
