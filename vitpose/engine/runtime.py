@@ -30,7 +30,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
-DETACHED_ENV = "VITPOSE_DETACHED"
 _DEAD_TERMINAL = {errno.EIO, errno.EPIPE, errno.ENXIO, errno.EBADF}
 _LINE_ENDS = re.compile(r"(?<=\n)")  # split after each newline, keeping it
 
@@ -228,6 +227,10 @@ class _Tee:
         self.log.write(text)  # the log first: it must have the text even if the terminal raises
         if self.terminal is not None:
             self.terminal.write(text)
+            if "\n" in text:
+                # Line by line, as on a terminal: a pipe that closed is noticed now, not by a
+                # failing flush at interpreter exit (which would turn a finished run's status into 120).
+                self.terminal.flush()
         return len(text)
 
     def flush(self) -> None:
@@ -260,6 +263,8 @@ class _Tee:
         return True
 
     def __getattr__(self, name):  # anything else (newlines, buffer, ...) from the stream in use
+        if name.startswith("__") or name in ("terminal", "log", "owner"):  # e.g. during copy/pickle
+            raise AttributeError(name)
         stream = self.terminal.stream if self.terminal is not None and self.terminal.alive else self.log._file
         return getattr(stream, name)
 
@@ -355,17 +360,16 @@ def detach(command: list[str], log_path: str | Path) -> int:
     A new session (setsid) has no controlling terminal, so closing the terminal or dropping the
     ssh connection sends it no SIGHUP. That matters for torchrun in particular: it installs its
     own SIGHUP handler that tears the workers down, so `nohup torchrun ...` still dies on an
-    ssh drop, while a torchrun started here does not.
+    ssh drop, while a torchrun started here does not. The child's `run_guard` sees that its
+    stdout is the log and writes each line there once.
     """
-    log_path = Path(log_path)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, **{DETACHED_ENV: "1", "PYTHONUNBUFFERED": "1"})
-    with open(log_path, "ab") as log:
-        log.write(f"\n[vitpose] detached start: {shlex.join(command)}\n".encode())
-        log.flush()
+    log = RunLog(log_path)
+    log.write_line(f"detached start: {shlex.join(command)}")
+    log.close()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    with open(log.path, "ab") as out:
         proc = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True, env=env, close_fds=True,
         )
     return proc.pid
-
