@@ -175,14 +175,15 @@ def train(cfg, config_path: Path, resume: str | None, stop, overwrite: bool = Fa
     from vitpose.builders import build_codec, build_model_from_config, build_train_set, build_val_set
     from vitpose.data.loaders import build_loaders
     from vitpose.engine import distributed as D
-    from vitpose.engine import runtime
     from vitpose.engine.checkpoint import prune_epoch_checkpoints, save_checkpoint
     from vitpose.engine.evaluate import predict
+    from vitpose.engine.gpu_monitor import GpuMonitor
     from vitpose.engine.optim import build_optimizer
     from vitpose.engine.precision import resolve_precision
     from vitpose.engine.preflight import check_val_images, describe_dataset
     from vitpose.engine.telemetry import Telemetry
-    from vitpose.engine.trainer import EpochEnd, TrainRun, TrainState, checkpoint_payload, train_one_epoch
+    from vitpose.engine.thermal import ThermalGuard
+    from vitpose.engine.trainer import EpochEnd, RunWatch, TrainRun, TrainState, checkpoint_payload, train_one_epoch
     from vitpose.engine.workdir import claim_work_dir, write_text_atomic
     from vitpose.evaluation import CocoEvaluator
 
@@ -243,13 +244,14 @@ def train(cfg, config_path: Path, resume: str | None, stop, overwrite: bool = Fa
 
         # ---- reporting and scoring
         steps_per_epoch = math.ceil(batches_per_epoch / accum)
-        # Detached, stdout already is train.log, which Telemetry also writes: keep its terminal copy quiet.
-        quiet = closing.enter_context(open(os.devnull, "w")) if runtime.is_detached() else None
         telemetry = closing.enter_context(Telemetry(
             work_dir, total_iters=steps_per_epoch * cfg.schedule.epochs, iters_per_epoch=steps_per_epoch,
-            is_main=is_main, log_every=cfg.train.log_every, tensorboard=cfg.train.tensorboard, device=ctx.device,
-            thermal_limit_c=cfg.train.thermal_limit_c, thermal_guard=cfg.train.thermal_guard, stream=quiet,
+            is_main=is_main, log_every=cfg.train.log_every, tensorboard=cfg.train.tensorboard,
             num_workers=loaders.num_workers, world_size=ctx.world_size, config_path=str(config_path)))
+        gpu = GpuMonitor(ctx.device)
+        thermal = ThermalGuard(cfg.train.thermal_limit_c, cfg.train.thermal_guard, gpu.temperature,
+                               say=telemetry.message, warn=telemetry.warn)
+        watch = RunWatch(telemetry, gpu, thermal, stop)
         telemetry.message(
             f"{cfg.model.name}-{cfg.model.decoder}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M "
             f"parameters, {precision.name} on {ctx.device}, {ctx.world_size} process(es) x batch "
@@ -307,7 +309,7 @@ def train(cfg, config_path: Path, resume: str | None, stop, overwrite: bool = Fa
             if state.epoch >= cfg.schedule.epochs:
                 break
             end = train_one_epoch(run, loaders.train(state.epoch, start_batch=state.batch), state.epoch, cfg,
-                                  batches_per_epoch, telemetry, stop, save_last=lambda: save("last.pth"))
+                                  batches_per_epoch, watch, save_last=lambda: save("last.pth"))
             if end is EpochEnd.DIVERGED:
                 save("last.pth")
                 telemetry.message(

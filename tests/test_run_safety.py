@@ -374,6 +374,7 @@ def test_skipped_training_images_are_summed_per_epoch_into_train_log(data_root, 
     assert train.main(tiny_args(root, tmp_path / "run", epochs=1)) == 0
     log = (tmp_path / "run" / "train.log").read_text()
     assert "unreadable training image(s) skipped" in log and "epoch 0: " in log
+    assert "skipping unreadable image" in log and bad.name in log  # the warning itself names the file
 
 
 def test_dropped_record_counts_are_printed_at_start(data_root, tmp_path, capsys):

@@ -1,9 +1,12 @@
-"""Non-finite losses, precision choice, checkpoint plumbing, output that survives the terminal, --detach."""
+"""Non-finite losses, precision choice, checkpoint plumbing, train.log and a terminal that goes away, --detach."""
 
 import errno
 import io
 import json
 import os
+import re
+import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -140,29 +143,95 @@ class DeadTerminal(io.StringIO):
     def __init__(self, err):
         super().__init__()
         self.err = err
+        self.writes = 0
 
     def write(self, text):
+        self.writes += 1
         raise OSError(self.err, os.strerror(self.err))
 
     def flush(self):
         raise OSError(self.err, os.strerror(self.err))
 
 
+STAMP = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d  ")
+
+
+def log_lines(path):
+    """train.log without the timestamps (checking that every non-blank line has one)."""
+    lines = path.read_text().splitlines()
+    assert all(STAMP.match(line) or not line for line in lines), [x for x in lines if x and not STAMP.match(x)][:3]
+    return [STAMP.sub("", line) for line in lines]
+
+
 @pytest.mark.parametrize("err", [errno.EIO, errno.EPIPE])
-def test_safe_stream_falls_back_to_the_log(tmp_path, err):
+def test_output_outlives_a_dead_terminal(tmp_path, err):
     log = tmp_path / "train.log"
-    stream = runtime.SafeStream(DeadTerminal(err), log)
-    stream.write("epoch 1 done\n")
-    stream.flush()
-    print("still going", file=stream)
-    text = log.read_text()
-    assert "terminal output failed" in text and "epoch 1 done\n" in text and "still going\n" in text
+    terminal = DeadTerminal(err)
+    out = runtime.RunOutput(terminal, log, stderr=DeadTerminal(err))
+    out.stdout.write("epoch 1 done\n")
+    out.stdout.flush()
+    print("still going", file=out.stdout)
+    print("a warning", file=out.stderr)
+    out.close()
+    assert terminal.writes == 1  # after the first failure the terminal is left alone
+    lost = f"{type(OSError(err, '')).__name__}: [Errno {err}] {os.strerror(err)}); the run continues, writing to train.log"
+    assert log_lines(log) == [  # each line once; the note about stderr waits for the end of its line
+        "epoch 1 done", f"terminal output stopped (stdout: {lost}", "still going", "a warning",
+        f"terminal output stopped (stderr: {lost}"]
 
 
-def test_safe_stream_does_not_hide_other_errors(tmp_path):
-    stream = runtime.SafeStream(DeadTerminal(errno.ENOSPC), tmp_path / "train.log")
+def test_output_does_not_hide_other_errors(tmp_path):
+    out = runtime.RunOutput(DeadTerminal(errno.ENOSPC), tmp_path / "train.log")
     with pytest.raises(OSError):
-        stream.write("x")
+        out.stdout.write("x")
+    out.close()
+
+
+def test_detached_output_writes_each_line_once(tmp_path):
+    # Detached, stdout and stderr are train.log itself: RunOutput must not add a second copy.
+    log = tmp_path / "train.log"
+    with open(log, "a") as stdout:
+        out = runtime.RunOutput(stdout, log, stderr=stdout)
+        assert out.terminal is None and not out.interactive
+        out.say("one")
+        print("two", file=out.stdout)
+        print("three", file=out.stderr)
+        out.note("four")
+        out.close()
+    assert log_lines(log) == ["one", "two", "three", "four"]
+
+
+def test_a_crash_lands_in_the_log(tmp_path, capsys):
+    log = tmp_path / "train.log"
+    with pytest.raises(RuntimeError, match="boom"), runtime.run_guard(log):
+        print("working")
+        raise RuntimeError("boom")
+    text = "\n".join(log_lines(log))
+    assert text.startswith("working\nTraceback (most recent call last):") and text.endswith("RuntimeError: boom")
+    assert capsys.readouterr().out == "working\n"
+    assert not isinstance(sys.stdout, runtime._Tee)  # the streams are back
+
+
+def test_a_detached_crash_lands_in_the_log_once(tmp_path):
+    log = tmp_path / "train.log"
+    code = ("import sys; from vitpose.engine import runtime\n"
+            f"with runtime.run_guard({str(log)!r}):\n    print('working')\n    raise RuntimeError('boom')\n")
+    with open(log, "ab") as out:  # as `detach` starts the run
+        proc = subprocess.run([sys.executable, "-c", code], stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+    assert proc.returncode == 1
+    text = log.read_text()
+    assert text.count("working") == 1 and text.count("RuntimeError: boom") == 1, text
+
+
+def test_foreground_run_logs_every_line_once(data_root, tmp_path, capsys):
+    assert train.main(tiny_args(data_root, tmp_path, "--epochs", "2", "--set", "train.val_every=1")) == 0
+    captured = capsys.readouterr()
+    printed = captured.out.splitlines() + captured.err.splitlines()
+    logged = log_lines(tmp_path / "train.log")
+    assert sorted(logged) == sorted(printed)  # every line of the terminal, once in the log
+    records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert sum(x.startswith("Epoch ") for x in logged) == sum(r["kind"] == "train" for r in records) == 6
+    assert sum(x.startswith("Eval epoch") for x in logged) == 2 and sum(x.startswith("config ") for x in logged) == 1
 
 
 def test_strip_flags():
@@ -172,11 +241,12 @@ def test_strip_flags():
 
 def test_detach_runs_in_a_new_session_with_output_in_the_log(tmp_path):
     log = tmp_path / "train.log"
-    code = ("import os, sys; print('sid', os.getsid(0) == os.getpid(), 'stdin', sys.stdin.read() == '', "
-            "'env', os.environ.get('VITPOSE_DETACHED'))")
+    code = "import os, sys; print('sid', os.getsid(0) == os.getpid(), 'stdin', sys.stdin.read() == '')"
     pid = runtime.detach([sys.executable, "-c", code], log)
     assert os.waitpid(pid, 0)[1] == 0
-    assert "sid True stdin True env 1" in log.read_text()
+    first, second = log.read_text().splitlines()
+    assert STAMP.match(first) and first.endswith(f"detached start: {sys.executable} -c {shlex.quote(code)}")
+    assert second == "sid True stdin True"
 
 
 def test_train_detach_prints_pid_and_log(data_root, tmp_path, capsys):
@@ -188,7 +258,11 @@ def test_train_detach_prints_pid_and_log(data_root, tmp_path, capsys):
     deadline = time.monotonic() + 5
     while "done:" not in (tmp_path / "train.log").read_text() and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert "done:" in (tmp_path / "train.log").read_text()
+    text = (tmp_path / "train.log").read_text()
+    records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    # stdout is train.log: each line once (no second copy from the run's own output)
+    assert text.count("done:") == 1 and text.count("\nconfig ") == 0 and text.count("  config ") == 1
+    assert text.count("Epoch 0 [") == sum(r["kind"] == "train" for r in records) == 3
     assert load_checkpoint(tmp_path / "last.pth")["epoch"] == 1
 
 

@@ -1,9 +1,16 @@
-"""A run stopped by SIGTERM (after ignoring SIGHUP) saves a loadable checkpoint and exits 0."""
+"""A run stopped by SIGTERM (after ignoring SIGHUP) saves a loadable checkpoint and exits 0; a terminal
+that goes away does not stop it."""
 
+import fcntl
 import json
+import os
+import pty
+import select
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import time
 from pathlib import Path
 
@@ -64,3 +71,55 @@ def test_sigterm_saves_a_loadable_checkpoint_and_exits_zero(tmp_path):
     assert state["iteration"] >= 2
     assert state["epoch"] * 3 + state["batch"] == state["iteration"]  # 3 batches per epoch, no accumulation
     assert not list(tmp_path.glob(".last.pth.*.tmp")), "a temporary checkpoint file was left behind"
+
+
+def train_records(work_dir):
+    path = work_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [r for r in (json.loads(x) for x in path.read_text().splitlines() if x.strip()) if r.get("kind") == "train"]
+
+
+@pytest.mark.parametrize("terminal", ["pipe", "pty"])
+def test_a_terminal_that_goes_away_mid_run_does_not_stop_it(tmp_path, terminal):
+    # pipe: a closed pipe (EPIPE), plain report lines; pty: an ssh session that dropped (EIO),
+    # with the tqdm bar on. Either way the run goes on, and train.log and metrics.jsonl with it.
+    if terminal == "pty":
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # 24 x 120, as a terminal
+        proc = subprocess.Popen(tiny_command(tmp_path), cwd=REPO, stdout=slave, stderr=slave,
+                                stdin=subprocess.DEVNULL)
+        os.close(slave)
+        read_end = master
+    else:
+        proc = subprocess.Popen(tiny_command(tmp_path), cwd=REPO, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        read_end = proc.stdout.fileno()
+    seen = b""
+    try:
+        deadline = time.monotonic() + 300
+        while len(train_records(tmp_path)) < 2 and time.monotonic() < deadline:  # drain the terminal
+            assert proc.poll() is None, seen.decode(errors="replace")[-3000:]
+            if select.select([read_end], [], [], 0.2)[0]:
+                seen += os.read(read_end, 65536)
+        while select.select([read_end], [], [], 0.5)[0]:  # what is on its way to the terminal
+            seen += os.read(read_end, 65536)
+        os.close(read_end)  # the terminal goes away
+        before = len(train_records(tmp_path))
+        while len(train_records(tmp_path)) < before + 3 and time.monotonic() < deadline:
+            assert proc.poll() is None, "the run stopped when its terminal went away"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log = (tmp_path / "train.log").read_text()
+    assert code == 0, log[-3000:]
+    reports = len(train_records(tmp_path))
+    assert reports >= before + 3 and log.count("Epoch ") == reports, log[-3000:]  # every report once
+    assert log.count("terminal output stopped (stdout: ") == 1
+    assert log.count("SIGTERM received") == 1 and log.count("stopped by SIGTERM") == 1
+    assert load_checkpoint(tmp_path / "last.pth")["iteration"] == reports  # log_every=1
+    if terminal == "pty":
+        assert b"it/s" in seen and b"Epoch " not in seen  # the bar was on; the report lines went to the log

@@ -22,9 +22,13 @@ from vitpose.codecs.udp_torch import udp_encode_torch
 from vitpose.data.loaders import to_device
 from vitpose.engine import distributed as D
 from vitpose.engine.checkpoint import model_state_dict, rng_state, set_rng_state
+from vitpose.engine.gpu_monitor import GpuMonitor
 from vitpose.engine.losses import KeypointMSELoss
 from vitpose.engine.precision import Precision
+from vitpose.engine.runtime import StopFlag
 from vitpose.engine.schedule import BASE_LR_KEY, LRSchedule
+from vitpose.engine.telemetry import Telemetry
+from vitpose.engine.thermal import ThermalGuard
 from vitpose.models.checkpoint import CheckpointError, unwrap_model
 
 keypoint_mse_loss = KeypointMSELoss(use_target_weight=True)
@@ -51,6 +55,17 @@ class EpochEnd(enum.Enum):
     COMPLETED = "completed"  # every batch of the epoch was trained
     STOPPED = "stopped"  # a signal or train.stop_at_iteration: the caller saves and exits 0
     DIVERGED = "diverged"  # train.max_nonfinite non-finite losses in a row
+
+
+@dataclass
+class RunWatch:
+    """What watches a run from outside the step: telemetry (reports, passive), the GPU monitor
+    (readings), the thermal guard (may pause this rank) and the stop flag (signals)."""
+
+    telemetry: Telemetry
+    gpu: GpuMonitor
+    thermal: ThermalGuard
+    stop: StopFlag
 
 
 @dataclass
@@ -135,7 +150,7 @@ def is_finite(value: torch.Tensor) -> bool:
 
 
 def train_one_epoch(run: TrainRun, batches: Iterable[dict], epoch: int, cfg, batches_per_epoch: int,
-                    telemetry, stop, save_last: Callable[[], object]) -> EpochEnd:
+                    watch: RunWatch, save_last: Callable[[], object]) -> EpochEnd:
     """Train on `batches` (the rest of epoch `epoch`) and advance `run.state`.
 
     Args:
@@ -143,14 +158,16 @@ def train_one_epoch(run: TrainRun, batches: Iterable[dict], epoch: int, cfg, bat
         batches: the epoch's batches from `run.state.batch` on (`Loaders.train(epoch, start)`).
         cfg: the resolved `Config` (model sizes, optim, train sections are read).
         batches_per_epoch: all batches of a full epoch on this rank (the last one ends a step).
-        telemetry: receives one `log_step` per optimizer step and the messages.
-        stop: a `runtime.StopFlag`, polled after every optimizer step (on all ranks together).
+        watch: telemetry (one `step` per optimizer step; at its report points a GPU reading is
+            reported and the thermal guard checks it), and the stop flag, polled after every
+            optimizer step (on all ranks together).
         save_last: writes the resume checkpoint (`last.pth`) on the main process; called for the
             periodic save (`train.checkpoint_minutes`). Stopping saves are the caller's.
     Returns how the epoch ended; `run.state` says where. Once the epoch's last batch is trained
     (also when a stop comes on that step) the state is `epoch + 1, batch 0, epoch_end_pending`.
     """
     state, ctx, world_size = run.state, run.ctx, run.ctx.world_size
+    telemetry, stop = watch.telemetry, watch.stop
     accum = cfg.optim.accum_steps
     model_cfg = cfg.model
     last_save = time.monotonic()
@@ -182,8 +199,11 @@ def train_one_epoch(run: TrainRun, batches: Iterable[dict], epoch: int, cfg, bat
         nonfinite, stop_now = D.any_rank([not is_finite(loss_mean), stop.requested], ctx)
         grad_norm, _ = optimizer_step(run.model, run.optimizer, run.precision, cfg.optim.clip_grad,
                                       loss_finite=not nonfinite)
-        telemetry.log_step(state.iteration, epoch, loss_mean, run.optimizer.param_groups[-1]["lr"], samples,
-                           time.perf_counter() - t0, data_time, extra={"grad_norm": grad_norm})
+        if telemetry.step(state.iteration, epoch, loss_mean, run.optimizer.param_groups[-1]["lr"], samples,
+                          time.perf_counter() - t0, data_time, extra={"grad_norm": grad_norm}):
+            reading = watch.gpu.read()  # {} on CPU
+            telemetry.report(reading)
+            watch.thermal.check(reading)  # every rank, its own GPU; pauses while it is too hot
         state.iteration += 1
         micro, loss_sum, samples, data_time = 0, 0.0, 0, 0.0
 
