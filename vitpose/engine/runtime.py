@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import errno
+import logging
 import os
 import re
 import shlex
@@ -83,6 +84,13 @@ def run_guard(log_path: str | Path) -> Iterator[StopFlag]:
     old_streams = sys.stdout, sys.stderr
     output = RunOutput(sys.stdout, log_path, stderr=sys.stderr)
     sys.stdout, sys.stderr = output.stdout, output.stderr
+    # The library's warnings (e.g. a skipped unreadable image, logged in a loader worker) go to
+    # the run's stderr, and so into train.log, whatever the root logger is set up to do.
+    warnings_handler = _StderrAtEmit()
+    warnings_handler.setLevel(logging.WARNING)
+    warnings_handler.setFormatter(logging.Formatter("warning: %(message)s"))
+    library_log = logging.getLogger("vitpose")
+    library_log.addHandler(warnings_handler)
     try:
         yield install_signal_handlers()
     except BaseException as e:
@@ -90,10 +98,27 @@ def run_guard(log_path: str | Path) -> Iterator[StopFlag]:
             output.log_exception(e)
         raise
     finally:
+        library_log.removeHandler(warnings_handler)
         for n, handler in old_handlers.items():
             signal.signal(getattr(signal, n), handler)
         sys.stdout, sys.stderr = old_streams
         output.close()
+
+
+class _StderrAtEmit(logging.StreamHandler):
+    """A logging handler writing to whatever `sys.stderr` is when a record comes (a forked loader
+    worker has the run's stderr too)."""
+
+    def __init__(self):
+        super().__init__()
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):  # StreamHandler.__init__ assigns it; the current stderr always wins
+        pass
 
 
 def _say(text: str) -> None:
