@@ -21,6 +21,7 @@ decoder and number of keypoints from the file's tensor names and shapes (no weig
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from dataclasses import dataclass
@@ -145,7 +146,7 @@ def lookup(name: str) -> ModelInfo:
     """The published checkpoint called `name`; UnknownModelError lists the names."""
     if name in MODELS:
         return MODELS[name]
-    close = [n for n in MODELS if n.startswith(name) or name.startswith(n)]
+    close = difflib.get_close_matches(name, list(MODELS), n=3, cutoff=0.75)
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
     raise UnknownModelError(f"unknown model {name!r}{hint}; give a weights file path or one of these names:\n"
                             + format_model_table())
