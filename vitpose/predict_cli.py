@@ -214,6 +214,8 @@ def build_predictor(args):
     detector = args.detector or ("none" if args.boxes is not None else "default")
     if args.boxes is not None and detector != "none":
         raise UsageError("--boxes gives the person boxes: leave out --detector (or say --detector none)")
+    if args.boxes is None and detector == "none":
+        raise UsageError("--detector none needs the boxes from --boxes FILE.json (or use --detector full-frame)")
     try:
         device = resolve_device(args.device)
     except ValueError as e:
