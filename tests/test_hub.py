@@ -161,11 +161,11 @@ def refuse(*a, **k):
     raise OSError("network disabled")
 socket.socket.connect = refuse
 socket.create_connection = refuse
-from vitpose import hub
+import vitpose  # `vitpose.hub` as users write it
 out = {}
 for name in sys.argv[1:]:
     try:
-        out[name] = ["ok", str(hub.download(name, progress=False))]
+        out[name] = ["ok", str(vitpose.hub.download(name, progress=False))]
     except Exception as e:
         out[name] = [type(e).__name__, str(e)]
 print(json.dumps(out))
@@ -283,6 +283,10 @@ def test_spec_of_names_and_files(tmp_path):
     assert hub.model_spec("vitpose-l-simple") == ModelSpec("vitpose-l", "simple", 17, None)
     assert hub.model_spec("vitpose-plus-b") == ModelSpec("vitpose-b", "classic", 17, "coco")
     assert hub.model_spec("vitpose-plus-b", expert="aic").expert == "aic"
+    with pytest.raises(ValueError, match="expert must be one of coco, aic, mpii, ap10k, apt36k, coco_wholebody"):
+        hub.model_spec("vitpose-plus-b", expert="cocoa")
+    with pytest.raises(ValueError, match="vitpose-s is not a ViTPose"):
+        hub.model_spec("vitpose-s", expert="coco")
     torch.save({"fc.weight": torch.zeros(2, 2)}, tmp_path / "classifier.pth")
     with pytest.raises(ValueError, match="classifier.pth: not a ViTPose checkpoint"):
         hub.model_spec(tmp_path / "classifier.pth")

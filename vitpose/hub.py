@@ -32,7 +32,7 @@ __all__ = ["DownloadError", "ModelInfo", "ModelSpec", "UnknownModelError", "down
 
 MMPOSE_URL = "https://download.openmmlab.com/mmpose/v1/body_2d_keypoint/topdown_heatmap/coco/"
 HF_FILENAME = "model.safetensors"
-# ViTPose+ experts in HF's `dataset_index` order (CONTRACT.md, "ViTPose+ checkpoints").
+# ViTPose+ experts in the order of HF's `dataset_index` (0 = COCO, the head HF's files carry).
 PLUS_EXPERTS = ("coco", "aic", "mpii", "ap10k", "apt36k", "coco_wholebody")
 WEIGHT_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors", ".ckpt")
 
@@ -247,12 +247,17 @@ def model_spec(name_or_path: str | os.PathLike, expert: str | None = None) -> Mo
         name_or_path: a name from `list_models()` or a weights file (read for names and shapes only).
         expert: for ViTPose+ files, the expert to take ("coco" by default; see PLUS_EXPERTS).
     """
+    if expert is not None and expert not in PLUS_EXPERTS:
+        raise ValueError(f"expert must be one of {', '.join(PLUS_EXPERTS)}, got {expert!r}")
     path = Path(name_or_path).expanduser()
     if str(name_or_path) in MODELS and not path.is_file():
         info = MODELS[str(name_or_path)]
-        return ModelSpec(info.size, info.decoder, 17, (expert or "coco") if info.plus else None)
-    spec = spec_from_shapes(tensor_shapes(download(name_or_path)), origin=str(name_or_path))
-    if spec.expert is not None and expert is not None:
+        spec = ModelSpec(info.size, info.decoder, 17, "coco" if info.plus else None)
+    else:
+        spec = spec_from_shapes(tensor_shapes(download(name_or_path)), origin=str(name_or_path))
+    if expert is not None:
+        if spec.expert is None:
+            raise ValueError(f"expert={expert!r}: {name_or_path} is not a ViTPose+ (mixture-of-experts) file")
         spec = ModelSpec(spec.size, spec.decoder, spec.num_keypoints, expert)
     return spec
 
