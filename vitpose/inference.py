@@ -332,7 +332,7 @@ def _caller_boxes(boxes, box_format: str):
     scores = boxes[:, 4].copy() if boxes.shape[1] == 5 else np.ones(len(boxes), np.float32)
     xyxy = boxes[:, :4].copy()
     if box_format == "xywh":
-        xyxy[:, 2:] += xyxy[:, :2]
+        xyxy = bbox_xywh2xyxy(xyxy)
     elif box_format != "xyxy":
         raise ValueError(f"box_format must be 'xyxy' or 'xywh', got {box_format!r}")
     return Detections(xyxy, scores)
