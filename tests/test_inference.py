@@ -176,3 +176,88 @@ def test_readme_snippet_on_synthetic_set(tmp_path):
     assert keypoints.shape == (len(boxes), 17, 2)
     drawn = vitpose.draw_pose(image, keypoints, scores)
     assert drawn.shape == image.shape
+
+
+# -- predictor(image): the people of whole images -------------------------------------------------
+
+class CountingModel(torch.nn.Module):
+    """Wraps a model and records the batch size of every forward pass."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.inner = model
+        self.batches = []
+
+    def forward(self, x):
+        self.batches.append(x.shape[0])
+        return self.inner(x)
+
+
+class FixedDetector:
+    """A detector stand-in: the given boxes and scores for each image, and a record of its calls."""
+
+    def __init__(self, per_image):
+        self.per_image = per_image
+        self.calls = []
+
+    def __call__(self, images, channels="rgb"):
+        from vitpose.detect import Detections
+
+        self.calls.append((len(images), channels))
+        return [Detections(np.asarray(b, np.float32).reshape(-1, 4), np.asarray(s, np.float32))
+                for b, s in self.per_image[:len(images)]]
+
+
+def test_call_finds_people_with_the_detector(instance):
+    image, box = instance
+    other = box + np.float32(11.0)
+    detector = FixedDetector([([box, other], [0.9, 0.6])])
+    predictor = Predictor(tiny_model(seed=4), device="cpu", detector=detector)
+    poses = predictor(image, channels="bgr")
+    assert isinstance(poses, vitpose.inference.Poses) and len(poses) == 2
+    assert detector.calls == [(1, "bgr")]
+    np.testing.assert_array_equal(poses.boxes, np.stack([box, other]))
+    np.testing.assert_array_equal(poses.box_scores, np.array([0.9, 0.6], np.float32))
+    keypoints, scores = predictor.predict(image, np.stack([box, other]), channels="bgr")
+    np.testing.assert_array_equal(poses.keypoints, keypoints)
+    np.testing.assert_array_equal(poses.keypoint_scores, scores)
+    assert poses.keypoints.shape == (2, 17, 2) and poses.keypoint_scores.shape == (2, 17)
+    assert set(predictor.timer.seconds) >= {"detect", "crop", "pose", "decode heatmaps"}
+
+
+def test_images_of_one_call_share_the_model_batches(instance):
+    image, box = instance
+    small = np.ascontiguousarray(image[50:300, 40:400])
+    boxes = {0: ([box, box + np.float32(5)], [0.8, 0.7]), 1: ([[10, 20, 200, 240]], [0.5]), 2: ([], [])}
+    model = CountingModel(tiny_model(seed=6))
+    detector = FixedDetector([boxes[0], boxes[1], boxes[2]])
+    predictor = Predictor(model, device="cpu", detector=detector, batch_size=2, flip_test=False)
+    together = predictor([image, small, small], channels="bgr")
+    assert detector.calls == [(3, "bgr")]
+    assert model.batches == [2, 1]  # 3 crops of 2 images in batches of 2, not one pass per image
+    assert [len(p) for p in together] == [2, 1, 0]
+    assert together[2].keypoints.shape == (0, 17, 2) and together[2].boxes.shape == (0, 4)
+    for i, img in enumerate([image, small]):
+        alone = Predictor(tiny_model(seed=6), device="cpu", flip_test=False).predict(img, boxes[i][0], channels="bgr")
+        np.testing.assert_allclose(together[i].keypoints, alone[0], atol=1e-3)  # batch composition only
+        np.testing.assert_allclose(together[i].keypoint_scores, alone[1], atol=1e-5)
+
+
+def test_call_with_caller_boxes(instance):
+    image, box = instance
+    predictor = Predictor(tiny_model(seed=7), device="cpu")
+    xywh = np.array([box[0], box[1], box[2] - box[0], box[3] - box[1], 0.42], np.float32)
+    poses = predictor(image, boxes=xywh[None], box_format="xywh", channels="bgr")
+    expected = predictor.predict(image, xywh[None], box_format="xywh", channels="bgr")
+    np.testing.assert_array_equal(poses.keypoints, expected[0])
+    np.testing.assert_array_equal(poses.box_scores, [np.float32(0.42)])
+    np.testing.assert_allclose(poses.boxes[0], box, atol=1e-4)
+    many = predictor([image, image], boxes=[box[None], np.zeros((0, 4))], channels="bgr")
+    np.testing.assert_array_equal(many[0].box_scores, [1.0])  # no 5th column: score 1
+    assert len(many[1]) == 0
+    with pytest.raises(ValueError, match="no detector: pass boxes="):
+        predictor(image)
+    with pytest.raises(ValueError, match="2 images but 1 box arrays"):
+        predictor([image, image], boxes=[box[None]])
+    with pytest.raises(ValueError, match="uint8"):
+        predictor([image.astype(np.float32)], boxes=[box[None]])

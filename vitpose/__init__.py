@@ -14,7 +14,7 @@ _LOCATIONS = {
     "draw_pose": "vitpose.visualize",
 }
 __version__ = "0.1.0"
-_SUBPACKAGES = ("codecs", "data", "engine", "evaluation", "models")
+_SUBPACKAGES = ("codecs", "data", "detect", "engine", "evaluation", "hub", "models")
 __all__ = [*_LOCATIONS, *_SUBPACKAGES]
 
 

@@ -1,0 +1,127 @@
+"""vitpose.detect wiring: batched calls, people only, score threshold, xyxy boxes, empty results.
+
+Nothing downloads: stand-in models return chosen outputs, and torchvision's models are built
+with random weights (`pretrained=False`); the boxes themselves are not judged.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from vitpose import detect
+from vitpose.detect import Detections, FullFrame, PersonDetector, build_detector, make_detector
+
+
+class StandIn(torch.nn.Module):
+    """A detection model that records its inputs and returns the outputs it was given, per image."""
+
+    def __init__(self, outputs):
+        super().__init__()
+        self.anchor = torch.nn.Parameter(torch.zeros(1))  # gives the module a device
+        self.outputs = outputs
+        self.calls = []
+
+    def forward(self, images):
+        self.calls.append([t.clone() for t in images])
+        first = sum(len(c) for c in self.calls[:-1])
+        return [self.outputs[first + i] for i in range(len(images))]
+
+
+def output(labels, scores, boxes):
+    return {"labels": torch.tensor(labels, dtype=torch.int64), "scores": torch.tensor(scores),
+            "boxes": torch.tensor(boxes, dtype=torch.float32).reshape(-1, 4)}
+
+
+BOXES = [[10, 20, 50, 90], [0, 0, 30, 30], [5.5, 6.5, 40.25, 80.75], [1, 2, 3, 4]]
+
+
+def test_people_above_the_threshold_highest_score_first():
+    images = [np.full((40, 30, 3), i, np.uint8) for i in range(3)]
+    outputs = [
+        output([1, 3, 1, 1], [0.5, 0.99, 0.9, 0.29], BOXES),  # person, car, person, person below thr
+        output([], [], []),
+        output([2, 2], [0.9, 0.8], BOXES[:2]),  # nobody: only bicycles
+    ]
+    found = PersonDetector(StandIn(outputs), score_threshold=0.3)(images)
+    assert len(found) == 3 and all(isinstance(f, Detections) for f in found)
+    np.testing.assert_array_equal(found[0].boxes, np.array([BOXES[2], BOXES[0]], np.float32))  # xyxy unchanged
+    np.testing.assert_array_equal(found[0].scores, np.array([0.9, 0.5], np.float32))
+    assert found[0].boxes.dtype == np.float32 and found[0].scores.dtype == np.float32
+    for empty in found[1:]:
+        assert empty.boxes.shape == (0, 4) and empty.scores.shape == (0,)
+
+
+def test_threshold_is_inclusive_and_checked():
+    outputs = [output([1, 1], [0.3, 0.2999], BOXES[:2])]
+    found = PersonDetector(StandIn(outputs), score_threshold=0.3)([np.zeros((8, 8, 3), np.uint8)])
+    np.testing.assert_array_equal(found[0].scores, np.array([0.3], np.float32))
+    with pytest.raises(ValueError, match="score_threshold"):
+        PersonDetector(StandIn([]), score_threshold=1.5)
+
+
+@pytest.mark.parametrize("batch_size, calls", [(8, [3]), (2, [2, 1])])
+def test_images_go_through_in_batches_as_float_rgb(batch_size, calls):
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in ((20, 30), (25, 15), (10, 10))]
+    model = StandIn([output([], [], [])] * 3)
+    PersonDetector(model, batch_size=batch_size)(images, channels="bgr")
+    assert [len(c) for c in model.calls] == calls  # one forward pass per batch of images
+    seen = [t for call in model.calls for t in call]
+    for image, tensor in zip(images, seen):
+        assert tensor.dtype == torch.float32 and tensor.shape == (3, *image.shape[:2])
+        # BGR in, RGB (3, H, W) in [0, 1] out: the layout torchvision's detectors take.
+        np.testing.assert_allclose(tensor.numpy(), image[:, :, ::-1].transpose(2, 0, 1) / 255.0, atol=1e-7)
+    with pytest.raises(ValueError, match="channels"):
+        PersonDetector(model)(images, channels="hsv")
+
+
+def test_a_torchvision_detector_with_random_weights():
+    """The real model class, wiring only: the people of its own raw output above the threshold."""
+    torch.manual_seed(0)
+    detector = build_detector("fasterrcnn-mobilenet-v3-large-320-fpn", pretrained=False)
+    # Random logits give every class ~1/91; make people (1) and cars (3) the likely labels so the
+    # output mixes both: p ~ 403 / (2 * 403 + 89) = 0.45 each, give or take the random weights.
+    with torch.no_grad():
+        cls_score = detector.model.roi_heads.box_predictor.cls_score
+        cls_score.bias[[1, 3]] = 6.0
+        cls_score.weight[1] *= 1000  # and let the person score vary from box to box
+    detector.model.roi_heads.detections_per_img = 1000  # both classes, not only the top 100
+    images = [np.random.default_rng(i).integers(0, 256, (96 + 32 * i, 128, 3), dtype=np.uint8) for i in range(2)]
+    with torch.no_grad():
+        raw = detector.model([torch.from_numpy(im).permute(2, 0, 1).float() / 255 for im in images])
+    person_scores = torch.cat([r["scores"][r["labels"] == 1] for r in raw])
+    detector.score_threshold = float(person_scores.median())  # some people on either side
+    found = detector(images)
+    assert len(found) == 2
+    for image, mine, theirs in zip(images, found, raw):
+        people = (theirs["labels"] == 1) & (theirs["scores"] >= detector.score_threshold)
+        assert (theirs["labels"] == 3).any()
+        assert len(mine.boxes) == int(people.sum())
+        np.testing.assert_array_equal(mine.scores, np.sort(theirs["scores"][people].numpy())[::-1])
+        assert {tuple(b) for b in mine.boxes} == {tuple(b) for b in theirs["boxes"][people].numpy()}
+        assert np.all(mine.boxes[:, 2:] >= mine.boxes[:, :2])  # xyxy in the image
+        assert np.all(mine.boxes[:, 2] <= image.shape[1]) and np.all(mine.boxes[:, 3] <= image.shape[0])
+    assert 0 < sum(len(f.boxes) for f in found) < len(person_scores)
+
+
+def test_full_frame_is_the_whole_image():
+    found = FullFrame()([np.zeros((40, 30, 3), np.uint8), np.zeros((5, 7, 3), np.uint8)])
+    np.testing.assert_array_equal(found[0].boxes, [[0, 0, 30, 40]])
+    np.testing.assert_array_equal(found[1].boxes, [[0, 0, 7, 5]])
+    np.testing.assert_array_equal(found[1].scores, [1.0])
+
+
+def test_names(monkeypatch, tmp_path):
+    assert make_detector(None) is None and make_detector("none") is None
+    assert isinstance(make_detector("full-frame"), FullFrame)
+    stand_in = FullFrame()
+    assert make_detector(stand_in) is stand_in
+    assert detect.default_detector_name("cpu") == "fasterrcnn-mobilenet-v3-large-fpn"
+    assert detect.default_detector_name("cuda:0") == "fasterrcnn-resnet50-fpn-v2"
+    with pytest.raises(ValueError, match="unknown detector 'yolo'.*fasterrcnn-resnet50-fpn-v2.*full-frame"):
+        make_detector("yolo")
+    # Weights come from torchvision's cache; offline and not cached: say what to fetch.
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(RuntimeError, match=r"weights not in torchvision's cache .*fasterrcnn_mobilenet_v3_large_fpn"):
+        make_detector("default", device="cpu")
