@@ -310,3 +310,85 @@ def test_builtin_skeleton_sigmas_equal_the_fixture(name):
         pytest.skip("vitpose.data.dataset_info is not merged yet")
     info = data.dataset_info(name)
     assert np.array_equal(np.float32(info.sigmas), np.float32(DATASETS[name]["sigmas"]))
+
+
+# ---- configs and build_evaluator ------------------------------------------------------------------
+
+CONFIGS = {"coco-wholebody": ("coco_wholebody", 133), "aic": ("aic", 14), "mpii": ("mpii", 16),
+           "ap10k": ("ap10k", 17), "apt36k": ("apt36k", 17)}
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_dataset_configs_load_with_their_skeleton_and_metric(name):
+    from vitpose.config import load_config
+
+    cfg = load_config(REPO / "configs" / f"{name}_vitpose-b_256x192.yaml")
+    skeleton, k = CONFIGS[name]
+    assert (cfg.data.dataset_info, cfg.model.num_keypoints) == (skeleton, k)
+    assert cfg.model.name == "vitpose-b" and cfg.model.input_size == (192, 256) and cfg.optim.layer_decay == 0.75
+    assert cfg.train.work_dir.endswith(f"{name}_vitpose-b_256x192")
+    assert cfg.eval.use_area is (name != "aic")
+    assert (cfg.eval.headbox_file is not None) is (name == "mpii")
+    assert (cfg.data.val_bbox_file is not None) is (name == "coco-wholebody")
+
+
+class Skeleton:
+    """What build_evaluator reads of a vitpose.data.dataset_info result."""
+
+    def __init__(self, name, sigmas, annotation_format=None):
+        self.name, self.sigmas, self.annotation_format = name, tuple(sigmas), annotation_format
+
+
+def _config(overrides):
+    from vitpose.config import load_config
+
+    return load_config(None, overrides)
+
+
+def test_build_evaluator_picks_mmposes_metric_per_dataset():
+    from vitpose.builders import build_evaluator
+    from vitpose.config import ConfigError
+
+    aic = DATASETS["aic"]
+    cfg = _config([f"data.root={REPO}", f"data.val_ann={aic['ann_file']}", "data.dataset_info=aic",
+                   "eval.use_area=false"])
+    ev = build_evaluator(cfg, Skeleton("aic", aic["sigmas"]))
+    assert type(ev) is CocoEvaluator and ev.num_keypoints == 14 and ev.use_area is False
+    assert_stats_equal(ev.evaluate(predictions(aic["scenarios"][0])), aic["scenarios"][0]["mmpose"])
+
+    wb = DATASETS["coco_wholebody"]
+    cfg = _config([f"data.root={REPO}", f"data.val_ann={wb['ann_file']}", "data.dataset_info=my_wholebody.yaml"])
+    ev = build_evaluator(cfg, Skeleton("my_wholebody", wb["sigmas"], annotation_format="coco_wholebody"))
+    assert type(ev) is WholeBodyEvaluator and ev.primary_stat == "AP"
+
+    cfg = _config([f"data.root={REPO}", f"data.val_ann={MPII['ann_file']}", "data.dataset_info=mpii"])
+    with pytest.raises(ConfigError, match="eval.headbox_file is not set"):
+        build_evaluator(cfg, Skeleton("mpii", [0.05] * 16))
+    cfg = _config([f"data.root={REPO}", f"data.val_ann={MPII['ann_file']}", "data.dataset_info=mpii",
+                   f"eval.headbox_file={MPII['cases'][0]['headbox_file']}"])
+    ev = build_evaluator(cfg, Skeleton("mpii", [0.05] * 16))
+    assert type(ev) is PCKhEvaluator and ev.primary_stat == "PCKh"
+    assert ev.evaluate(MPII["cases"][0]["predictions"]) == MPII["cases"][0]["mmpose"]
+
+
+def test_build_evaluator_without_a_skeleton_is_coco_only():
+    from vitpose.builders import build_evaluator
+    from vitpose.config import ConfigError
+
+    cfg = _config([f"data.root={REPO}", f"data.val_ann={DATASETS['aic']['ann_file']}", "data.dataset_info=aic"])
+    with pytest.raises(ConfigError, match="data.dataset_info is 'aic'; pass its skeleton"):
+        build_evaluator(cfg)
+
+
+def test_pckh_nonfinite_predictions_count_as_wrong_and_results_are_written(tmp_path):
+    case = MPII["cases"][0]
+    ev = PCKhEvaluator(REPO / MPII["ann_file"], REPO / case["headbox_file"])
+    preds = [dict(p, keypoints=np.asarray(p["keypoints"], np.float64)) for p in case["predictions"]]
+    preds[1]["keypoints"] = np.full((16, 2), np.nan)
+    with pytest.warns(UserWarning, match="1 of 5 predictions have non-finite keypoints"):
+        stats = ev.evaluate(preds)
+    assert ev.last_nonfinite == 1 and stats["PCKh"] < case["mmpose"]["PCKh"]
+    path = ev.write_results(case["predictions"], tmp_path / "mpii_results.json")
+    written = json.loads(path.read_text())
+    assert [r["id"] for r in written] == [p["id"] for p in case["predictions"]]
+    assert written[0]["keypoints"][:3] == [*case["predictions"][0]["keypoints"][0], 1.0]

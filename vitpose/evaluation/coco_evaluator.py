@@ -338,6 +338,8 @@ def evaluated_by_cocoeval(result: dict) -> bool:
 class CocoEvaluator:
     """MMPose's CocoMetric (ViTPose settings) on top of pycocotools' COCOeval.
 
+    `primary_stat` names the stat that ranks checkpoints ("AP").
+
     Args:
         ann_file: COCO keypoint annotation file (checked and read by `read_ground_truth`).
         score_mode: "bbox_keypoint" (rescoring, ViTPose) or "bbox" (the box score alone).
@@ -349,6 +351,8 @@ class CocoEvaluator:
         use_area: False: each GT's area (for OKS and the medium/large split) is 0.53 x its box, as
             xtcocotools' `COCOeval(..., use_area=False)` that MMPose's AIC config asks for.
     """
+
+    primary_stat = "AP"
 
     def __init__(self, ann_file, score_mode: str = "bbox_keypoint", keypoint_score_thr: float = 0.2,
                  nms_mode: str = "oks_nms", nms_thr: float = 0.9, sigmas: Sequence[float] | None = None,

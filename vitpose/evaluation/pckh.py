@@ -110,7 +110,10 @@ class PCKhEvaluator:
     instance id MMPose gives it), "keypoints": (16, 2) image pixels (0-based, as the model predicts)}`,
     optionally `"image_id"` (checked against the record's image). Returns percentages under
     "Head", "Shoulder", "Elbow", "Wrist", "Hip", "Knee", "Ankle", "PCKh" and "PCKh@0.1".
+    A prediction with a non-finite coordinate has those joints wrong (counted in `last_nonfinite`).
     """
+
+    primary_stat = "PCKh"
 
     def __init__(self, ann_file, headbox_file, thr: float = 0.5):
         self.ann_file = Path(ann_file)
@@ -123,6 +126,7 @@ class PCKhEvaluator:
         self.visible = np.array([r["joints_vis"] for r in records]).astype(bool)
         boxes = read_headboxes(self.headbox_file, len(records), self.ann_file)
         self.head_sizes = np.linalg.norm(boxes[:, 1] - boxes[:, 0], axis=1) * HEAD_SIZE_FACTOR
+        self.last_nonfinite = 0  # predictions with a non-finite coordinate in the last `evaluate`
 
     def _stack(self, predictions: Sequence[dict]) -> tuple[np.ndarray, np.ndarray]:
         """(indices into the annotation file, keypoints (M, 16, 2)) of the predictions; the keypoints
@@ -164,6 +168,13 @@ class PCKhEvaluator:
         indices, keypoints = self._stack(predictions)
         if len(indices) == 0:
             raise PredictionError(f"no predictions to evaluate against {self.ann_file}")
+        self.last_nonfinite = int((~np.isfinite(keypoints.reshape(len(keypoints), -1))).any(axis=1).sum())
+        if self.last_nonfinite:
+            # NaN distances compare as "not below the threshold": those joints count as wrong.
+            message = (f"{self.last_nonfinite} of {len(keypoints)} predictions have non-finite keypoints "
+                       f"(a diverged or broken model?): their joints count as wrong")
+            warnings.warn(message, stacklevel=2)
+            log.warning(message)
         predicted = keypoints + 1.0  # MPII's ground truth is 1-based (MATLAB)
         gt, visible, head = self.joints[indices], self.visible[indices], self.head_sizes[indices]
         distances = normalised_distances(predicted, gt, visible, head)
@@ -179,6 +190,28 @@ class PCKhEvaluator:
         stats["PCKh"] = _weighted_sum(pckh, weights)
         stats["PCKh@0.1"] = _weighted_sum(pckh_01, weights)
         return stats
+
+
+    def results(self, predictions: Sequence[dict]) -> list[dict]:
+        """The predictions as scored, one per annotation: `id`, `image_id` and `keypoints`
+        (16 x (x, y, score) flattened, 0-based pixels; score 1 where none is given)."""
+        indices, keypoints = self._stack(predictions)
+        out = []
+        for pred, index, xy in zip(predictions, indices.tolist(), keypoints):
+            scores = np.asarray(pred.get("keypoint_scores", np.ones(NUM_JOINTS)), np.float64)
+            if scores.shape != (NUM_JOINTS,):
+                raise PredictionError(f"prediction (id {index}): field 'keypoint_scores' has shape {scores.shape}, "
+                                      f"expected ({NUM_JOINTS},)")
+            flat = np.concatenate([np.asarray(xy, np.float64), scores[:, None]], axis=1)
+            out.append({"id": index, "image_id": self.image_ids[index], "keypoints": flat.ravel().tolist()})
+        return out
+
+    def write_results(self, predictions: Sequence[dict], path) -> Path:
+        """Write `results(predictions)` as JSON."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.results(predictions)))
+        return path
 
 
 def _image_id(image: str) -> int | str:
