@@ -92,12 +92,17 @@ def test_ap10k_matches_mmpose_with_categories(ap10k, scenario):
     assert_stats_equal(ap10k.evaluate(predictions(scenario)), scenario["mmpose"])
 
 
-def test_ap10k_categories_matter(ap10k):
+def test_ap10k_categories_matter(ap10k, tmp_path):
     scenario = next(s for s in DATASETS["ap10k"]["scenarios"] if s["name"] == "categories")
     preds = predictions(scenario)
     for pred in preds:
-        del pred["category_id"]  # everything counted as category 1
+        pred["category_id"] = 1  # everything counted as one family
     assert abs(ap10k.evaluate(preds)["AP"] - scenario["mmpose"]["AP"]) > 0.05
+    # Without categories at all the predictions are refused: the file has two families.
+    del preds[2]["category_id"]
+    with pytest.raises(PredictionError, match=r"prediction #2 .*no 'category_id', but the annotations of "
+                                              r".*test_ap10k.json have 2 categories \(\[1, 26\]\)"):
+        ap10k.evaluate(preds)
 
 
 def test_unknown_category_is_refused(ap10k):

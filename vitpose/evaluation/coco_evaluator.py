@@ -105,6 +105,7 @@ class PredictionArrays:
     ids: np.ndarray  # (N,) int64
     image_ids: np.ndarray  # (N,) int64
     category_ids: np.ndarray  # (N,) int64 (1 where a prediction has none)
+    category_given: np.ndarray  # (N,) bool: the prediction carries its own category_id
     keypoints: np.ndarray  # (N, K, 2) float64, may hold NaN (an all-zero heatmap decodes to NaN)
     keypoint_scores: np.ndarray  # (N, K) float32 or float64, as given (the results keep the values)
     bbox_scores: np.ndarray  # (N,) float64
@@ -138,6 +139,7 @@ def check_predictions(predictions: Sequence[dict], num_keypoints: int,
     ids = np.empty(n, np.int64)
     image_ids = np.empty(n, np.int64)
     category_ids = np.full(n, DEFAULT_CATEGORY_ID, np.int64)
+    category_given = np.zeros(n, bool)
     bbox_scores = np.empty(n, np.float64)
     areas = np.empty(n, np.float32)
     keypoints, scores, bboxes = [], [], []
@@ -149,6 +151,7 @@ def check_predictions(predictions: Sequence[dict], num_keypoints: int,
         image_ids[i] = _as_int(pred, i, "image_id")
         if pred.get("category_id") is not None:
             category_ids[i] = _as_int(pred, i, "category_id")
+            category_given[i] = True
         _check_keypoint_count(pred, i, num_keypoints, origin)
         keypoints.append(_as_array(pred, i, "keypoints", (num_keypoints, 2)))
         scores.append(_as_array(pred, i, "keypoint_scores", (num_keypoints,)))
@@ -165,7 +168,7 @@ def check_predictions(predictions: Sequence[dict], num_keypoints: int,
         if has_bbox:
             bboxes.append(_as_array(pred, i, "bbox", (4,)))
     columns = PredictionArrays(
-        ids, image_ids, category_ids,
+        ids, image_ids, category_ids, category_given,
         np.stack(keypoints).astype(np.float64) if n else np.zeros((0, num_keypoints, 2)),
         np.stack(scores) if n else np.zeros((0, num_keypoints)),
         bbox_scores, areas,
@@ -379,6 +382,9 @@ class CocoEvaluator:
             self.coco = self._index_ground_truth()
         self.image_ids = set(self.coco.getImgIds())
         self.category_ids = set(self.coco.getCatIds())
+        # Categories that have ground truth: with several (AP-10K's animal families), a prediction
+        # must say which it is, or it would silently be scored as category 1.
+        self.annotated_categories = sorted({ann["category_id"] for ann in self.coco.dataset["annotations"]})
         # Predictions with non-finite keypoints or scores in the last `results` call (scored as misses).
         self.last_nonfinite = 0
 
@@ -452,6 +458,12 @@ class CocoEvaluator:
         if unknown:
             raise PredictionError(
                 f"{len(unknown)} prediction image_id(s) are not in {self.ann_file}: {unknown[:10]}")
+        if len(self.annotated_categories) > 1 and not columns.category_given.all():
+            i = int(np.argmin(columns.category_given))
+            raise PredictionError(
+                f"{_where(predictions[i], i)}: no 'category_id', but the annotations of {self.ann_file} have "
+                f"{len(self.annotated_categories)} categories ({self.annotated_categories[:10]}); each "
+                f"prediction must carry the category of its instance")
         unknown = sorted(set(columns.category_ids.tolist()) - self.category_ids)
         if unknown:
             raise PredictionError(
