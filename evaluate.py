@@ -117,10 +117,10 @@ def draw_examples(dataset, predictions, out_dir: Path, num_images: int, thr: flo
 def run(args) -> dict:
     from torch.utils.data import DataLoader
 
-    from vitpose.builders import build_codec, build_model_from_config, build_val_set
+    from vitpose.builders import build_codec, build_evaluator, build_model_from_config, build_val_set
     from vitpose.config import load_config
     from vitpose.engine.evaluate import format_stats, predict
-    from vitpose.evaluation.coco_evaluator import CocoEvaluator, save_predictions
+    from vitpose.evaluation.coco_evaluator import save_predictions
     from vitpose.models import load_weights
 
     cfg = load_config(args.config, args.overrides)
@@ -135,9 +135,7 @@ def run(args) -> dict:
                                 "(give one with --bbox-file, or evaluate on GT boxes with --gt-boxes)")
 
     # Build everything that can fail on bad input before the long part starts.
-    evaluator = CocoEvaluator(ann_file, score_mode=cfg.eval.score_mode,
-                              keypoint_score_thr=cfg.eval.keypoint_score_thr,
-                              nms_mode=cfg.eval.nms_mode, nms_thr=cfg.eval.nms_thr)
+    evaluator = build_evaluator(cfg, root=root)  # as MMPose scores data.dataset_info
     dataset = build_val_set(cfg, root, bbox_file)
     model = build_model_from_config(cfg.model)
     report = load_weights(model, args.checkpoint)

@@ -172,7 +172,7 @@ def train(cfg, config_path: Path, resume: str | None, stop, overwrite: bool = Fa
     """
     import torch
 
-    from vitpose.builders import build_codec, build_model_from_config, build_train_set, build_val_set
+    from vitpose.builders import build_codec, build_evaluator, build_model_from_config, build_train_set, build_val_set
     from vitpose.data.loaders import build_loaders
     from vitpose.engine import distributed as D
     from vitpose.engine.checkpoint import prune_epoch_checkpoints, save_checkpoint
@@ -185,7 +185,6 @@ def train(cfg, config_path: Path, resume: str | None, stop, overwrite: bool = Fa
     from vitpose.engine.thermal import ThermalGuard
     from vitpose.engine.trainer import EpochEnd, RunWatch, TrainRun, TrainState, checkpoint_payload, train_one_epoch
     from vitpose.engine.workdir import claim_work_dir, write_text_atomic
-    from vitpose.evaluation import CocoEvaluator
 
     work_dir = Path(cfg.train.work_dir)
     with contextlib.ExitStack() as closing:
@@ -258,9 +257,7 @@ def train(cfg, config_path: Path, resume: str | None, stop, overwrite: bool = Fa
             f"{cfg.loader.batch_size} x accum {accum}, {len(train_set)} training instances, "
             f"{steps_per_epoch} steps/epoch, {loaders.num_workers} workers")
         codec = build_codec(cfg.model)
-        evaluator = CocoEvaluator(Path(cfg.data.root) / cfg.data.val_ann, score_mode=cfg.eval.score_mode,
-                                  keypoint_score_thr=cfg.eval.keypoint_score_thr, nms_mode=cfg.eval.nms_mode,
-                                  nms_thr=cfg.eval.nms_thr) if is_main else None
+        evaluator = build_evaluator(cfg) if is_main else None  # as MMPose scores data.dataset_info
 
         def save(name: str) -> Path | None:
             """Checkpoint the run as it stands now (main process only)."""
@@ -284,7 +281,7 @@ def train(cfg, config_path: Path, resume: str | None, stop, overwrite: bool = Fa
                         telemetry.message(f"epoch {done}: {evaluator.last_nonfinite} of {len(predictions)} validation "
                                           f"predictions have non-finite keypoints or scores; scored as misses")
                     telemetry.log_eval(done - 1, max(state.iteration - 1, 0), stats)
-                    ap = float(stats["AP"])
+                    ap = float(stats[evaluator.primary_stat])  # AP, or PCKh for MPII
                 ap = D.broadcast_object(ap, ctx)
                 if state.best_ap is None or ap > state.best_ap:
                     state.best_ap, state.best_epoch, improved = ap, done, True

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from vitpose.codecs.udp import UDPHeatmap
-from vitpose.config import Config, DataConfig, ModelConfig
+from vitpose.config import Config, ConfigError, DataConfig, ModelConfig
 from vitpose.data.coco import CocoKeypoints
 from vitpose.models import build_model
 
@@ -72,3 +72,48 @@ def build_val_set(cfg: Config, root: str | Path | None = None, bbox_file: str | 
         input_size=cfg.model.input_size, heatmap_size=cfg.model.heatmap_size, sigma=cfg.model.sigma,
         bbox_score_thr=cfg.data.bbox_score_thr, num_keypoints=cfg.model.num_keypoints,
     )
+
+
+def _evaluation_kind(info) -> str:
+    """'coco', 'coco_wholebody' or 'mpii': how a skeleton's data is scored (by its annotation
+    format when it has one, else by its name)."""
+    kind = getattr(info, "annotation_format", None) or getattr(info, "name", "coco")
+    return kind if kind in ("coco_wholebody", "mpii") else "coco"
+
+
+def build_evaluator(cfg: Config, info=None, root: str | Path | None = None):
+    """The evaluator of the validation set, as MMPose scores its dataset (docs/evaluation.md §8).
+
+    Args:
+        cfg: the config (`data.val_ann`, `eval.*`).
+        info: the skeleton of `data.dataset_info` (its `name`, `sigmas` and, when it has one,
+            `annotation_format`). None: COCO's 17 keypoints, allowed only for `data.dataset_info: coco`.
+        root: the data root (default `data.root`).
+
+    COCO-WholeBody data gets a WholeBodyEvaluator, MPII data a PCKhEvaluator (`eval.headbox_file`),
+    everything else (COCO, AIC, AP-10K, APT-36K, a user's own skeleton) a CocoEvaluator with the
+    skeleton's OKS sigmas and `eval.use_area`.
+    """
+    from vitpose.evaluation.coco_evaluator import CocoEvaluator
+    from vitpose.evaluation.pckh import PCKhEvaluator
+    from vitpose.evaluation.wholebody import WholeBodyEvaluator
+
+    root = Path(cfg.data.root if root is None else root)
+    ann_file = root / cfg.data.val_ann
+    if info is None and cfg.data.dataset_info != "coco":
+        raise ConfigError(f"build_evaluator: data.dataset_info is {cfg.data.dataset_info!r}; pass its skeleton "
+                          f"(info=) so that the evaluator gets its keypoints and sigmas")
+    sigmas = getattr(info, "sigmas", None) or None
+    kind = "coco" if info is None else _evaluation_kind(info)
+    if kind == "mpii":
+        if not cfg.eval.headbox_file:
+            raise ConfigError("eval.headbox_file is not set: MPII's PCKh needs the head boxes of the validation "
+                              "annotations (MPII's mpii_gt_val.mat, under data.root)")
+        headbox = Path(cfg.eval.headbox_file)
+        return PCKhEvaluator(ann_file, headbox if headbox.is_absolute() else root / headbox)
+    protocol = dict(score_mode=cfg.eval.score_mode, keypoint_score_thr=cfg.eval.keypoint_score_thr,
+                    nms_mode=cfg.eval.nms_mode, nms_thr=cfg.eval.nms_thr, sigmas=sigmas,
+                    use_area=cfg.eval.use_area)
+    if kind == "coco_wholebody":
+        return WholeBodyEvaluator(ann_file, **protocol)
+    return CocoEvaluator(ann_file, **protocol)

@@ -65,6 +65,7 @@ class DataConfig:
     # Before the first training step every validation box is checked and the validation images
     # are opened: "sample" (a spread-out sample, seconds), "all" (every image), "off".
     check_val_images: str = "sample"
+    dataset_info: str = "coco"  # skeleton: built-in name, a skeleton YAML or a COCO annotation file
 
 
 @dataclass
@@ -127,6 +128,10 @@ class EvalConfig:
     keypoint_score_thr: float = 0.2
     nms_mode: str = "oks_nms"
     nms_thr: float = 0.9
+    # False: each GT's area is 0.53 x its box (xtcocotools' use_area=False, MMPose's AIC config).
+    use_area: bool = True
+    # MPII PCKh: the head boxes, MPII's mpii_gt_val.mat (or an .npz of its headboxes_src), under data.root.
+    headbox_file: str | None = None
 
 
 @dataclass

@@ -113,8 +113,9 @@ def evaluate_model(model, batches: Iterable[dict], evaluator, codec, flip_test: 
 
 
 def format_stats(stats: dict[str, float]) -> str:
-    """The ten stats as a two-row text table (names over values, values x 100 would hide rounding)."""
-    names = [n for n in STAT_NAMES if n in stats]
+    """The ten stats as a two-row text table (names over values, values x 100 would hide rounding);
+    stats of another metric (MPII's PCKh) all, in their order."""
+    names = [n for n in STAT_NAMES if n in stats] or list(stats)
     width = max(8, *(len(n) for n in names))
     head = " | ".join(n.rjust(width) for n in names)
     row = " | ".join(f"{stats[n]:.4f}".rjust(width) for n in names)

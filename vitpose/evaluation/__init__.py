@@ -1,9 +1,13 @@
-"""COCO keypoint evaluation with MMPose's CocoMetric protocol (rescoring, OKS-NMS, COCOeval)."""
+"""Keypoint evaluation as MMPose computes it: COCO-style AP (CocoMetric, with any skeleton's sigmas),
+COCO-WholeBody AP per part (CocoWholeBodyMetric) and MPII PCKh (MpiiPCKAccuracy)."""
 
 import importlib
 
 _LOCATIONS = {
     "CocoEvaluator": "vitpose.evaluation.coco_evaluator",
+    "WholeBodyEvaluator": "vitpose.evaluation.wholebody",
+    "PCKhEvaluator": "vitpose.evaluation.pckh",
+    "read_mat_arrays": "vitpose.evaluation.matfile",
     "oks_nms": "vitpose.evaluation.nms",
     "soft_oks_nms": "vitpose.evaluation.nms",
 }

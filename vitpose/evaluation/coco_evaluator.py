@@ -4,11 +4,12 @@ Given per-instance predictions of a top-down model, `CocoEvaluator.evaluate`:
 1. drops predictions that repeat an `id` within an image (keeps the first after sorting by id);
 2. rescores each one: `bbox_score x mean(keypoint scores > 0.2)`, 0 when none pass;
 3. runs greedy OKS-NMS at 0.9 per image, OKS with the crop area (`area`);
-4. scores the survivors with pycocotools' COCOeval (iouType "keypoints", COCO sigmas).
-docs/evaluation.md §4, §5, §6; tests/fixtures/README.md §4 item 13.
+4. scores the survivors with pycocotools' COCOeval (iouType "keypoints", the dataset's sigmas).
+docs/evaluation.md §4, §5, §6, §8; tests/fixtures/README.md §4 item 13.
 
 A prediction is a dict `{"id", "image_id", "keypoints" (K, 2) image px, "keypoint_scores" (K,),
-"bbox_score", "area"}` and optionally `"bbox"` (x, y, w, h) px. When the input box is given it is
+"bbox_score", "area"}` and optionally `"bbox"` (x, y, w, h) px and `"category_id"` (default 1;
+AP-10K has one category per animal family). K is the number of sigmas. When the input box is given it is
 written into the results, as MMPose's top-down metric does, and COCOeval then measures each
 detection's area from it (this decides the medium/large split); without it COCOeval uses the
 extent of the keypoints.
@@ -36,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vitpose.coco_meta import PERSON_CATEGORY_ID, SIGMAS
+from vitpose.coco_meta import SIGMAS
 from vitpose.evaluation.nms import oks_nms, soft_oks_nms
 
 log = logging.getLogger(__name__)
@@ -44,8 +45,11 @@ log = logging.getLogger(__name__)
 STAT_NAMES = ("AP", "AP .5", "AP .75", "AP (M)", "AP (L)", "AR", "AR .5", "AR .75", "AR (M)", "AR (L)")
 SCORE_MODES = ("bbox_keypoint", "bbox")
 NMS_MODES = ("oks_nms", "soft_oks_nms", "none")
-# The fields of a ground-truth annotation that COCOeval reads for keypoints.
+# The fields of a ground-truth annotation that COCOeval reads for keypoints (`area` only with use_area).
 ANNOTATION_FIELDS = ("id", "image_id", "category_id", "keypoints", "area", "bbox")
+DEFAULT_CATEGORY_ID = 1  # a prediction without `category_id` (COCO's "person")
+# xtcocotools' COCOeval with use_area=False: a GT's area is this share of its box (w x h).
+BOX_AREA_SHARE = 0.53
 
 
 class PredictionError(ValueError):
@@ -100,6 +104,8 @@ class PredictionArrays:
 
     ids: np.ndarray  # (N,) int64
     image_ids: np.ndarray  # (N,) int64
+    category_ids: np.ndarray  # (N,) int64 (1 where a prediction has none)
+    category_given: np.ndarray  # (N,) bool: the prediction carries its own category_id
     keypoints: np.ndarray  # (N, K, 2) float64, may hold NaN (an all-zero heatmap decodes to NaN)
     keypoint_scores: np.ndarray  # (N, K) float32 or float64, as given (the results keep the values)
     bbox_scores: np.ndarray  # (N,) float64
@@ -109,11 +115,31 @@ class PredictionArrays:
     bboxes: np.ndarray | None  # (N, 4) float64 (x, y, w, h), or None when no prediction has one
 
 
-def check_predictions(predictions: Sequence[dict], num_keypoints: int) -> PredictionArrays:
-    """Validate predictions and stack them into columns; raise PredictionError on the first bad one."""
+def _check_keypoint_count(pred: dict, index: int, num_keypoints: int, origin: str) -> None:
+    """A clear error when a prediction has another number of keypoints than the evaluator's sigmas."""
+    value = pred.get("keypoints")
+    shape = np.shape(value) if isinstance(value, (list, tuple, np.ndarray)) or hasattr(value, "shape") else None
+    if shape is not None and len(shape) == 2 and shape[1] == 2 and shape[0] != num_keypoints:
+        raise PredictionError(
+            f"{_where(pred, index)}: field 'keypoints' has shape {tuple(shape)}: {shape[0]} keypoints, but {origin} has "
+            f"{num_keypoints} OKS sigmas; the model's num_keypoints and the evaluator's dataset "
+            f"(data.dataset_info) must agree")
+
+
+def check_predictions(predictions: Sequence[dict], num_keypoints: int,
+                      origin: str = "the evaluator") -> PredictionArrays:
+    """Validate predictions and stack them into columns; raise PredictionError on the first bad one.
+
+    Args:
+        predictions: prediction dicts (module docstring).
+        num_keypoints: K, the number of OKS sigmas.
+        origin: how error messages name the evaluator (e.g. its annotation file).
+    """
     n = len(predictions)
     ids = np.empty(n, np.int64)
     image_ids = np.empty(n, np.int64)
+    category_ids = np.full(n, DEFAULT_CATEGORY_ID, np.int64)
+    category_given = np.zeros(n, bool)
     bbox_scores = np.empty(n, np.float64)
     areas = np.empty(n, np.float32)
     keypoints, scores, bboxes = [], [], []
@@ -123,6 +149,10 @@ def check_predictions(predictions: Sequence[dict], num_keypoints: int) -> Predic
             raise PredictionError(f"prediction #{i}: expected a dict, got {type(pred).__name__}")
         ids[i] = _as_int(pred, i, "id")
         image_ids[i] = _as_int(pred, i, "image_id")
+        if pred.get("category_id") is not None:
+            category_ids[i] = _as_int(pred, i, "category_id")
+            category_given[i] = True
+        _check_keypoint_count(pred, i, num_keypoints, origin)
         keypoints.append(_as_array(pred, i, "keypoints", (num_keypoints, 2)))
         scores.append(_as_array(pred, i, "keypoint_scores", (num_keypoints,)))
         bbox_scores[i] = _as_array(pred, i, "bbox_score", ())
@@ -138,7 +168,7 @@ def check_predictions(predictions: Sequence[dict], num_keypoints: int) -> Predic
         if has_bbox:
             bboxes.append(_as_array(pred, i, "bbox", (4,)))
     columns = PredictionArrays(
-        ids, image_ids,
+        ids, image_ids, category_ids, category_given,
         np.stack(keypoints).astype(np.float64) if n else np.zeros((0, num_keypoints, 2)),
         np.stack(scores) if n else np.zeros((0, num_keypoints)),
         bbox_scores, areas,
@@ -191,39 +221,62 @@ def _fail(path: Path, message: str):
     raise GroundTruthError(f"{path}: {message}")
 
 
-def _check_annotation(path: Path, index: int, ann, num_keypoints: int, image_ids: set) -> None:
+def _check_annotation(path: Path, index: int, ann, keypoint_fields: Sequence[tuple[str, int]],
+                      image_ids: set, category_ids: set, use_area: bool) -> None:
     where = f"annotation #{index}"
     if not isinstance(ann, dict):
         _fail(path, f"{where}: expected an object, got {type(ann).__name__}")
     where = f"annotation #{index} (id {ann.get('id')!r})"
     for field in ANNOTATION_FIELDS:
+        if field == "area" and not use_area:
+            continue
         if field not in ann:
-            _fail(path, f"{where}: missing field {field!r}, which COCO keypoint evaluation reads")
+            hint = (" (a file without areas, like AI Challenger's, is evaluated with use_area=False, "
+                    "as MMPose's AIC config does)" if field == "area" else "")
+            _fail(path, f"{where}: missing field {field!r}, which COCO keypoint evaluation reads{hint}")
     if not isinstance(ann["id"], int) or isinstance(ann["id"], bool):
         _fail(path, f"{where}: field 'id' must be an integer")
-    keypoints = ann["keypoints"]
-    if not isinstance(keypoints, list) or len(keypoints) != 3 * num_keypoints:
-        size = len(keypoints) if isinstance(keypoints, list) else type(keypoints).__name__
-        _fail(path, f"{where}: field 'keypoints' must be a list of {3 * num_keypoints} numbers "
-                    f"(x, y, v for {num_keypoints} keypoints), got {size}")
+    for field, count in keypoint_fields:
+        keypoints = ann.get(field)
+        if not isinstance(keypoints, list) or len(keypoints) != 3 * count:
+            size = len(keypoints) if isinstance(keypoints, list) else type(keypoints).__name__
+            _fail(path, f"{where}: field {field!r} must be a list of {3 * count} numbers "
+                        f"(x, y, v for {count} keypoints), got {size}")
     if ann["image_id"] not in image_ids:
         _fail(path, f"{where}: field 'image_id' {ann['image_id']!r} is not in the file's images")
+    if ann["category_id"] not in category_ids:
+        _fail(path, f"{where}: no category with id {ann['category_id']!r} in 'categories' "
+                    f"(ids: {sorted(category_ids)[:20]})")
+    box = ann["bbox"]
+    if not (isinstance(box, list) and len(box) == 4 and all(isinstance(v, (int, float)) for v in box)):
+        _fail(path, f"{where}: field 'bbox' must be 4 numbers (x, y, w, h), got {box!r}")
 
 
-def read_ground_truth(ann_file, num_keypoints: int) -> dict:
+def read_ground_truth(ann_file, num_keypoints: int, use_area: bool = True,
+                      keypoint_fields: Sequence[tuple[str, int]] | None = None) -> dict:
     """Load a COCO keypoint annotation file, refuse what evaluation cannot use, and read it as
     xtcocotools (MMPose's COCOeval) does.
 
+    Args:
+        ann_file: the annotation file.
+        num_keypoints: K, the length of each annotation's `keypoints` (when `keypoint_fields` is None).
+        use_area: False: each GT's area is 0.53 x its box (w x h) for OKS and the area ranges, and
+            `area` may be absent (xtcocotools' use_area=False; MMPose's AIC config).
+        keypoint_fields: (field, number of keypoints) pairs to check instead, e.g. COCO-WholeBody's
+            `keypoints`, `foot_kpts`, `face_kpts`, `lefthand_kpts`, `righthand_kpts`.
+
     Refused with a GroundTruthError naming the file: no `annotations` (MMPose asserts) or an empty
-    list (MMPose would report -1 for every stat), no `images`, no person category, an annotation
-    without a field COCOeval reads, with a wrong number of keypoints or an unknown image, and
-    negative or repeated annotation ids (xtcocotools counts a match to a negative id as a false
+    list (MMPose would report -1 for every stat), no `images`, no `categories`, an annotation
+    without a field COCOeval reads, with a wrong number of keypoints, an unknown image or category,
+    and negative or repeated annotation ids (xtcocotools counts a match to a negative id as a false
     positive; COCO's index keeps one annotation per id).
     Read as xtcocotools does, so that pycocotools then scores alike (docs/mmpose-edge-cases.md §4):
     a missing `iscrowd` is 0; `num_keypoints` becomes the number of labelled keypoints (v > 0),
     which is what decides whether a GT is ignored; an annotation id 0 gets an unused id, because
-    pycocotools' matching reads id 0 as "no match".
+    pycocotools' matching reads id 0 as "no match"; with use_area=False the area is replaced by
+    0.53 x the box, which is all that xtcocotools' switch changes (docs/evaluation.md §8.1).
     """
+    keypoint_fields = tuple(keypoint_fields or (("keypoints", num_keypoints),))
     path = Path(ann_file)
     try:
         dataset = json.loads(path.read_text())
@@ -241,12 +294,12 @@ def read_ground_truth(ann_file, num_keypoints: int) -> dict:
     if not isinstance(dataset.get("images"), list) or not dataset["images"]:
         _fail(path, "no 'images' list")
     categories = dataset.get("categories")
-    if not isinstance(categories, list) or not any(
-            isinstance(c, dict) and c.get("id") == PERSON_CATEGORY_ID for c in categories):
-        _fail(path, f"no category with id {PERSON_CATEGORY_ID} ('person') in 'categories'")
+    if not isinstance(categories, list) or not categories:
+        _fail(path, "no 'categories' list")
+    category_ids = {c.get("id") for c in categories if isinstance(c, dict)}
     image_ids = {img.get("id") for img in dataset["images"] if isinstance(img, dict)}
     for index, ann in enumerate(annotations):
-        _check_annotation(path, index, ann, num_keypoints, image_ids)
+        _check_annotation(path, index, ann, keypoint_fields, image_ids, category_ids, use_area)
     ids = [ann["id"] for ann in annotations]
     if min(ids) < 0:
         _fail(path, f"annotation id {min(ids)} is negative: xtcocotools, which MMPose evaluates with, "
@@ -257,9 +310,14 @@ def read_ground_truth(ann_file, num_keypoints: int) -> dict:
     unused_id = max(ids) + 1
     for ann in annotations:
         ann.setdefault("iscrowd", 0)
-        ann["num_keypoints"] = int(np.count_nonzero(np.asarray(ann["keypoints"][2::3]) > 0))
+        labels = np.concatenate([np.asarray(ann[field][2::3], np.float64) for field, _ in keypoint_fields])
+        ann["num_keypoints"] = int(np.count_nonzero(labels > 0))
         if ann["id"] == 0:
             ann["id"] = unused_id
+        if not use_area:
+            # xtcocotools computes box[3] * box[2] * 0.53 in its OKS and box[2] * box[3] * 0.53
+            # for the area ranges; a product of two numbers does not depend on their order.
+            ann["area"] = ann["bbox"][2] * ann["bbox"][3] * BOX_AREA_SHARE
     return dataset
 
 
@@ -283,17 +341,25 @@ def evaluated_by_cocoeval(result: dict) -> bool:
 class CocoEvaluator:
     """MMPose's CocoMetric (ViTPose settings) on top of pycocotools' COCOeval.
 
+    `primary_stat` names the stat that ranks checkpoints ("AP").
+
     Args:
         ann_file: COCO keypoint annotation file (checked and read by `read_ground_truth`).
         score_mode: "bbox_keypoint" (rescoring, ViTPose) or "bbox" (the box score alone).
         keypoint_score_thr: keypoint scores above it enter the rescoring mean.
         nms_mode: "oks_nms" (ViTPose), "soft_oks_nms" or "none".
         nms_thr: OKS threshold of the NMS.
-        sigmas: per-keypoint OKS sigmas (default: COCO's); used as float32, as MMPose does.
+        sigmas: per-keypoint OKS sigmas (default: COCO's); their number is K. Used as float32, as
+            MMPose does (its dataset meta holds them so).
+        use_area: False: each GT's area (for OKS and the medium/large split) is 0.53 x its box, as
+            xtcocotools' `COCOeval(..., use_area=False)` that MMPose's AIC config asks for.
     """
 
+    primary_stat = "AP"
+
     def __init__(self, ann_file, score_mode: str = "bbox_keypoint", keypoint_score_thr: float = 0.2,
-                 nms_mode: str = "oks_nms", nms_thr: float = 0.9, sigmas: Sequence[float] | None = None):
+                 nms_mode: str = "oks_nms", nms_thr: float = 0.9, sigmas: Sequence[float] | None = None,
+                 use_area: bool = True):
         if score_mode not in SCORE_MODES:
             raise ValueError(f"score_mode {score_mode!r}: expected one of {SCORE_MODES}")
         if nms_mode not in NMS_MODES:
@@ -310,12 +376,21 @@ class CocoEvaluator:
         if self.sigmas.ndim != 1 or len(self.sigmas) == 0 or not (self.sigmas > 0).all():
             raise ValueError(f"sigmas must be a non-empty list of positive numbers, got {self.sigmas.tolist()}")
         self.num_keypoints = len(self.sigmas)
+        self.use_area = bool(use_area)
 
         with _quiet(f"indexing {self.ann_file}"):
-            self.coco = _coco_index(read_ground_truth(self.ann_file, self.num_keypoints))
+            self.coco = self._index_ground_truth()
         self.image_ids = set(self.coco.getImgIds())
+        self.category_ids = set(self.coco.getCatIds())
+        # Categories that have ground truth: with several (AP-10K's animal families), a prediction
+        # must say which it is, or it would silently be scored as category 1.
+        self.annotated_categories = sorted({ann["category_id"] for ann in self.coco.dataset["annotations"]})
         # Predictions with non-finite keypoints or scores in the last `results` call (scored as misses).
         self.last_nonfinite = 0
+
+    def _index_ground_truth(self):
+        """The pycocotools COCO index of the checked annotation file."""
+        return _coco_index(read_ground_truth(self.ann_file, self.num_keypoints, use_area=self.use_area))
 
     # -- protocol ---------------------------------------------------------------------------------
 
@@ -370,7 +445,7 @@ class CocoEvaluator:
         and `bbox` when the predictions carry it. Images keep their first-appearance order and
         instances their NMS order, which decides COCOeval's order between equal scores.
         """
-        columns = check_predictions(predictions, self.num_keypoints)
+        columns = check_predictions(predictions, self.num_keypoints, origin=f"the evaluator of {self.ann_file}")
         self.last_nonfinite = int(nonfinite_rows(columns).sum())
         if self.last_nonfinite:
             message = (f"{self.last_nonfinite} of {len(columns.ids)} predictions have non-finite keypoints or "
@@ -383,13 +458,25 @@ class CocoEvaluator:
         if unknown:
             raise PredictionError(
                 f"{len(unknown)} prediction image_id(s) are not in {self.ann_file}: {unknown[:10]}")
+        if len(self.annotated_categories) > 1 and not columns.category_given.all():
+            i = int(np.argmin(columns.category_given))
+            raise PredictionError(
+                f"{_where(predictions[i], i)}: no 'category_id', but the annotations of {self.ann_file} have "
+                f"{len(self.annotated_categories)} categories ({self.annotated_categories[:10]}); each "
+                f"prediction must carry the category of its instance")
+        unknown = sorted(set(columns.category_ids.tolist()) - self.category_ids)
+        if unknown:
+            raise PredictionError(
+                f"prediction category_id(s) {unknown[:10]} are not among the categories of {self.ann_file} "
+                f"({sorted(self.category_ids)[:20]}); a prediction without 'category_id' counts as "
+                f"{DEFAULT_CATEGORY_ID}")
         scores = self.rescore(columns.keypoint_scores, columns.bbox_scores)
         flat = np.concatenate([columns.keypoints, columns.keypoint_scores[..., None].astype(np.float64)], axis=-1)
         flat = flat.reshape(len(flat), -1)
         results = []
         for members in self.keep(columns):
             for i in members.tolist():
-                entry = {"image_id": int(columns.image_ids[i]), "category_id": PERSON_CATEGORY_ID,
+                entry = {"image_id": int(columns.image_ids[i]), "category_id": int(columns.category_ids[i]),
                          "keypoints": flat[i].tolist(), "score": float(scores[i])}
                 if columns.bboxes is not None:
                     entry["bbox"] = columns.bboxes[i].tolist()
@@ -411,31 +498,7 @@ class CocoEvaluator:
             warnings.warn(message, stacklevel=2)
             log.warning(message)
             return {name: 0.0 for name in STAT_NAMES}
-
-        # xtcocotools leaves these out before it matches anything; so they take no maxDets slot.
-        evaluated = [r for r in results if evaluated_by_cocoeval(r)]
-        with _quiet("COCOeval"):
-            # loadRes fills in area/bbox/id in place; keep the caller's list untouched.
-            detections = self.coco.loadRes(copy.deepcopy(evaluated)) if evaluated else self._no_detections()
-            coco_eval = _finite_oks_cocoeval()(self.coco, detections, iouType="keypoints")
-            # float32 sigmas, as MMPose hands them to xtcocotools: (2 sigma)^2 is then float32 too.
-            coco_eval.params.kpt_oks_sigmas = self.sigmas.copy()
-            coco_eval.params.useSegm = None
-            coco_eval.evaluate()
-            coco_eval.accumulate()
-            coco_eval.summarize()
-        return {name: float(value) for name, value in zip(STAT_NAMES, coco_eval.stats)}
-
-    def _no_detections(self):
-        # What xtcocotools evaluates when no result has a positive keypoint score: the images and
-        # categories of the ground truth and no detection (pycocotools' loadRes needs at least one).
-        from pycocotools.coco import COCO
-
-        empty = COCO()
-        empty.dataset = {"images": list(self.coco.dataset["images"]), "annotations": [],
-                         "categories": copy.deepcopy(self.coco.dataset["categories"])}
-        empty.createIndex()
-        return empty
+        return dict(zip(STAT_NAMES, score_with_cocoeval(self.coco, results, self.sigmas)))
 
     def write_results(self, predictions: Sequence[dict], path) -> Path:
         """Write the COCO keypoint results JSON (after the protocol) that `evaluate` scores."""
@@ -443,6 +506,41 @@ class CocoEvaluator:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(self.results(predictions)))
         return path
+
+
+def score_with_cocoeval(coco, results: list[dict], sigmas: np.ndarray) -> list[float]:
+    """pycocotools' COCOeval (keypoints) as xtcocotools runs it for MMPose -> the ten stats.
+
+    Args:
+        coco: the pycocotools index of the ground truth (as `read_ground_truth` reads it).
+        results: COCO keypoint results (`keypoints` of len(sigmas) x 3 values); not modified.
+        sigmas: the OKS sigmas, float32 as MMPose hands them to xtcocotools ((2 sigma)^2 is then
+            float32 too).
+    """
+    # xtcocotools leaves these out before it matches anything; so they take no maxDets slot.
+    evaluated = [r for r in results if evaluated_by_cocoeval(r)]
+    with _quiet("COCOeval"):
+        # loadRes fills in area/bbox/id in place; keep the caller's list untouched.
+        detections = coco.loadRes(copy.deepcopy(evaluated)) if evaluated else _no_detections(coco)
+        coco_eval = _finite_oks_cocoeval()(coco, detections, iouType="keypoints")
+        coco_eval.params.kpt_oks_sigmas = np.asarray(sigmas, np.float32).copy()
+        coco_eval.params.useSegm = None
+        coco_eval.evaluate()
+        coco_eval.accumulate()
+        coco_eval.summarize()
+    return [float(value) for value in coco_eval.stats]
+
+
+def _no_detections(coco):
+    # What xtcocotools evaluates when no result has a positive keypoint score: the images and
+    # categories of the ground truth and no detection (pycocotools' loadRes needs at least one).
+    from pycocotools.coco import COCO
+
+    empty = COCO()
+    empty.dataset = {"images": list(coco.dataset["images"]), "annotations": [],
+                     "categories": copy.deepcopy(coco.dataset["categories"])}
+    empty.createIndex()
+    return empty
 
 
 # -- raw prediction files (what evaluate.py --out writes) --------------------------------------------

@@ -11,6 +11,11 @@ Layouts, detected from the key names:
            token is skipped, the grid embedding is resized to the model's grid, a 14x14 patch
            kernel is zero-padded to 16x16, and MAE's final `norm` is not loaded (the official
            ViTPose repo does not load it either).
+- ViTPose+ (official or HF `vitpose-plus-*`): the official or HF layout whose MLPs are a mixture of
+           experts (`mlp.fc2` shared, `mlp.experts.{i}` per dataset) and, in the official files,
+           one head per dataset (`keypoint_head` for COCO, `associate_keypoint_heads.{i-1}`).
+           `expert=` picks one dataset: its expert rows are appended to each fc2 and its head is
+           kept, which gives the plain model (docs/model.md §5).
 
 Pickle files are read with `torch.load(weights_only=True)`: a file holding other Python
 objects is refused before any of its code can run.
@@ -93,6 +98,13 @@ HF_HEAD = [
     (r"^batchnorm2\.", "deconv_layers.4."),
     (r"^conv\.", "final_layer."),
 ]
+# ViTPose+ experts in HF's `dataset_index` order (the official `dataset_idx` order too).
+VITPOSE_PLUS_EXPERTS = ("coco", "aic", "mpii", "ap10k", "apt36k", "coco_wholebody")
+EXPERT_ALIASES = {"wholebody": "coco_wholebody"}  # the name the official model_split.py uses
+MOE_EXPERT_KEY = re.compile(r"\.mlp\.experts\.(\d+)\.(weight|bias)$")
+MOE_SHARED_KEY = re.compile(r"\.mlp\.fc2\.(weight|bias)$")
+OFFICIAL_HEAD, OFFICIAL_EXTRA_HEADS = "keypoint_head.", "associate_keypoint_heads."
+
 # Keys with no counterpart in this model: skipped and reported, never an error.
 SKIPPED_BACKBONE = re.compile(r"^(cls_token|mask_token|dist_token|fc_norm\.|decoder.*|head\.)")
 
@@ -196,6 +208,84 @@ def _read_source(source):
     if isinstance(source, (str, Path)):
         return _unwrap(_read_file(source), str(source)), str(source)
     raise TypeError(f"source must be a path or a mapping of name -> tensor, got {type(source).__name__}")
+
+
+# ----------------------------------------------------------------------------------------------
+# ViTPose+ (mixture of experts): one dataset's expert and head
+
+
+ExpertChoice = namedtuple("ExpertChoice", "name index num_experts heads")
+
+
+def is_vitpose_plus(state_dict) -> bool:
+    """Whether a state dict holds ViTPose+ mixture-of-experts MLPs (official or HF names)."""
+    return any(MOE_EXPERT_KEY.search(n) for n in state_dict)
+
+
+def _expert_choices(num_experts: int) -> str:
+    names = VITPOSE_PLUS_EXPERTS[:num_experts]
+    return ", ".join(f"{name!r} ({i})" for i, name in enumerate(names))
+
+
+def _expert_index(expert, num_experts: int, origin: str) -> int:
+    """The expert's index from a dataset name or an index (0..num_experts-1)."""
+    if isinstance(expert, str):
+        name = EXPERT_ALIASES.get(expert.lower(), expert.lower())
+        if name in VITPOSE_PLUS_EXPERTS[:num_experts]:
+            return VITPOSE_PLUS_EXPERTS.index(name)
+        raise CheckpointError(f"{origin}: unknown ViTPose+ expert {expert!r}; the file's experts are "
+                              f"{_expert_choices(num_experts)}")
+    if isinstance(expert, (int, np.integer)) and not isinstance(expert, bool) and 0 <= expert < num_experts:
+        return int(expert)
+    raise CheckpointError(f"{origin}: expert={expert!r} is not one of the file's {num_experts} experts: "
+                          f"{_expert_choices(num_experts)}")
+
+
+def select_expert(state_dict, expert, origin="weights mapping"):
+    """(plain state dict, ExpertChoice or None): one dataset's weights of a ViTPose+ state dict.
+
+    Each MLP's output layer becomes `fc2` (the shared rows) followed by the chosen expert's rows,
+    as the mixture computes it for that dataset (docs/model.md §5); the other experts are dropped.
+    Official files keep the chosen dataset's head as `keypoint_head` (index 0: COCO's own
+    `keypoint_head`, index i > 0: `associate_keypoint_heads.{i-1}`); HF files have one head, which
+    stays. A state dict without experts is returned as it is when `expert` is None.
+    """
+    expert_keys = sorted(n for n in state_dict if MOE_EXPERT_KEY.search(n))
+    extra_heads = sorted(n for n in state_dict if n.startswith(OFFICIAL_EXTRA_HEADS))
+    if not expert_keys:
+        if expert is not None:
+            raise CheckpointError(f"{origin}: expert={expert!r} was given, but this is not a ViTPose+ "
+                                  f"(mixture-of-experts) checkpoint: no `mlp.experts.*` weights in it")
+        return state_dict, None
+    num_experts = 1 + max(int(MOE_EXPERT_KEY.search(n).group(1)) for n in expert_keys)
+    heads = "official" if extra_heads else "single"
+    if expert is None:
+        example = ", ".join([expert_keys[0]] + extra_heads[:1])
+        raise CheckpointError(
+            f"{origin} is a ViTPose+ multi-dataset checkpoint ({num_experts} mixture-of-experts MLPs per block, "
+            f"e.g. {example}); choose one dataset with expert=: {_expert_choices(num_experts)}")
+    index = _expert_index(expert, num_experts, origin)
+    out = {n: v for n, v in state_dict.items() if not MOE_EXPERT_KEY.search(n) and not n.startswith(OFFICIAL_EXTRA_HEADS)}
+    for name in [n for n in out if MOE_SHARED_KEY.search(n)]:
+        part = name.replace(".mlp.fc2.", f".mlp.experts.{index}.")
+        if part not in state_dict:
+            raise CheckpointError(f"{origin}: {name} has no expert {index} ({part} is missing)")
+        out[name] = torch.cat([state_dict[name], state_dict[part]], dim=0)
+    if heads == "official" and index > 0:
+        prefix = f"{OFFICIAL_EXTRA_HEADS}{index - 1}."
+        chosen = {n[len(prefix):]: v for n, v in state_dict.items() if n.startswith(prefix)}
+        if not chosen:
+            raise CheckpointError(f"{origin}: no head for expert {VITPOSE_PLUS_EXPERTS[index]!r} "
+                                  f"(no {prefix}* weights)")
+        out = {n: v for n, v in out.items() if not n.startswith(OFFICIAL_HEAD)}
+        out.update({OFFICIAL_HEAD + n: v for n, v in chosen.items()})
+    return out, ExpertChoice(VITPOSE_PLUS_EXPERTS[index], index, num_experts, heads)
+
+
+def _expert_note(choice: ExpertChoice) -> str:
+    head = {"official": "its own head", "single": "the file's only head (an HF vitpose-plus file: COCO's)"}
+    return (f"ViTPose+ expert {choice.name!r} ({choice.index} of {choice.num_experts}) merged into each MLP, "
+            f"with {head[choice.heads]}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -344,28 +434,25 @@ def _model_backbone(model):
     return None
 
 
-def convert_state_dict(state_dict, model):
+def convert_state_dict(state_dict, model, expert=None):
     """Map a state dict of any supported layout onto `model`'s own parameter names.
 
-    Wrappers are unwrapped, the layout is detected, names are translated, HF's q/k/v are
-    concatenated, a 193-row pos_embed is folded to 192 rows (and a backbone-only grid resized),
-    and keys without a counterpart (class token, MAE's norm and decoder) are dropped.
-    Shapes are not checked here; `load_weights` does that.
+    Wrappers are unwrapped, a ViTPose+ file is reduced to `expert`'s weights, the layout is
+    detected, names are translated, HF's q/k/v are concatenated, a 193-row pos_embed is folded to
+    192 rows (and a backbone-only grid resized), and keys without a counterpart (class token, MAE's
+    norm and decoder) are dropped. Shapes are not checked here; `load_weights` does that.
     """
-    return _convert(_read_source(state_dict)[0], model)[0]
+    state_dict, origin = _read_source(state_dict)
+    return _convert(select_expert(state_dict, expert, origin)[0], model)[0]
 
 
 # ----------------------------------------------------------------------------------------------
 # Fitting a converted state dict to the model
 
 
-def _describe(source_sd, converted, model, mismatched):
+def _describe(source_sd, converted, model, mismatched, choice=None):
     """What the file looks like, in words, for the error message."""
     hints = []
-    names = list(source_sd)
-    if any(".experts." in n or "associate_keypoint_head" in n for n in names):
-        hints.append("a ViTPose+ multi-dataset checkpoint (several keypoint heads / MoE experts); "
-                     "extract one dataset's head and the shared experts first")
     target = model.state_dict()
     patch = "backbone.patch_embed.proj.weight" if hasattr(model, "backbone") else "patch_embed.proj.weight"
     if patch in converted and patch in target and converted[patch].shape[0] != target[patch].shape[0]:
@@ -381,6 +468,13 @@ def _describe(source_sd, converted, model, mismatched):
         k_file, k_model = converted[final].shape[0], target[final].shape[0]
         if k_file != k_model:
             hints.append(f"a {k_file}-keypoint head (the model has {k_model} keypoints)")
+            if choice is not None and choice.heads == "single":
+                hints.append(f"an HF vitpose-plus file carries one head (COCO's, {k_file} keypoints); "
+                             f"expert={choice.name!r} chose the backbone expert only: build the model with "
+                             f"num_keypoints={k_file}, or load with strict=False to keep the model's own head")
+            elif choice is not None:
+                hints.append(f"expert {choice.name!r} has {k_file} keypoints: build the model with "
+                             f"num_keypoints={k_file}")
         elif converted[final].shape[2:] != target[final].shape[2:]:
             kind = "classic" if converted[final].shape[-1] == 1 else "simple"
             hints.append(f"a {kind}-decoder head for a {'simple' if kind == 'classic' else 'classic'}-decoder model")
@@ -410,20 +504,31 @@ def _fit(converted, model, layout, backbone_only):
     return missing, unexpected, mismatched
 
 
-def load_weights(model, source, strict=True):
+def load_weights(model, source, strict=True, expert=None):
     """Load weights of any supported layout into `model` (a ViTPose or a bare VisionTransformer).
 
-    `source`: a .pth/.pt/.bin/.safetensors path or a mapping name -> tensor / ndarray.
-    strict=True: any missing, unexpected or wrongly shaped key raises one CheckpointError that
-    names them all and says what the file looks like. strict=False loads what fits and logs the
-    rest. Returns a LoadReport(layout, missing, unexpected, mismatched, skipped, notes).
+    Args:
+        model: the model to fill.
+        source: a .pth/.pt/.bin/.safetensors path or a mapping name -> tensor / ndarray.
+        strict: True: any missing, unexpected or wrongly shaped key raises one CheckpointError that
+            names them all and says what the file looks like. False: loads what fits, logs the rest.
+        expert: for a ViTPose+ (mixture-of-experts) file, required: the dataset whose expert (and,
+            in an official file, head) to load, by name ("coco", "aic", "mpii", "ap10k", "apt36k",
+            "coco_wholebody") or index 0..5 (HF's dataset_index). HF vitpose-plus files have COCO's
+            head only, whatever the expert. Given for any other file, it is an error.
+
+    Returns a LoadReport(layout, missing, unexpected, mismatched, skipped, notes).
     """
     state_dict, origin = _read_source(source)
+    state_dict, choice = select_expert(state_dict, expert, origin)
     converted, layout, skipped, notes, backbone_only = _convert(state_dict, model)
     missing, unexpected, mismatched = _fit(converted, model, layout, backbone_only)
+    if choice is not None:
+        layout = f"vitpose+ {layout}"
+        notes.insert(0, _expert_note(choice))
     if strict and (missing or unexpected or mismatched):
         lines = [f"{origin} ({layout} layout) does not fit {type(model).__name__}:"]
-        hints = _describe(state_dict, converted, model, mismatched)
+        hints = _describe(state_dict, converted, model, mismatched, choice)
         if hints:
             lines.append("  the file looks like " + "; ".join(hints))
         for title, items in (("missing in the file", missing), ("unexpected in the file", unexpected),
@@ -458,4 +563,5 @@ def save_weights(model, path):
     return path
 
 
-__all__ = ["CheckpointError", "LoadReport", "convert_state_dict", "detect_layout", "load_weights", "save_weights"]
+__all__ = ["VITPOSE_PLUS_EXPERTS", "CheckpointError", "LoadReport", "convert_state_dict", "detect_layout",
+           "is_vitpose_plus", "load_weights", "save_weights", "select_expert"]
