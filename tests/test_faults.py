@@ -56,6 +56,7 @@ def run_train(args: list[str], fault: dict | None = None) -> subprocess.Complete
 
 
 def describe(proc: subprocess.CompletedProcess) -> str:
+    """The exit status and the ends of both streams, for a failure message."""
     return f"exit {proc.returncode}\n--- stdout (tail)\n{proc.stdout[-2500:]}\n--- stderr (tail)\n{proc.stderr[-2500:]}"
 
 
@@ -84,6 +85,7 @@ def checkpoint_names(work_dir: Path) -> list[str]:
 
 
 def temp_files(work_dir: Path) -> list[str]:
+    """Names of temp files of interrupted writes (`.last.pth.XXXX.tmp`, `.config.yaml.XXXX.tmp`)."""
     return sorted(p.name for p in work_dir.iterdir() if p.name.endswith(".tmp"))
 
 
