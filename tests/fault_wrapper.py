@@ -5,7 +5,7 @@
 The production code has no hooks for this; the wrapper replaces a few functions train.py looks up
 at call time (`torch.save`, `os.replace`, `vitpose.engine.checkpoint.save_checkpoint`,
 `vitpose.engine.trainer.train_one_epoch/forward_backward`, `vitpose.engine.evaluate.predict`,
-`CocoEvaluator.evaluate`, `Telemetry.log_step/log_eval`) with
+`CocoEvaluator.evaluate`, `Telemetry.step/log_eval`) with
 versions that signal the process when the fault's moment comes, then calls `train.main(argv)`.
 
 A fault is a dict:
@@ -95,7 +95,7 @@ def install(injector: FaultInjector) -> None:
 
     real_save_checkpoint, real_torch_save, real_replace = checkpoint.save_checkpoint, torch.save, os.replace
     real_predict, real_score = evaluate.predict, CocoEvaluator.evaluate
-    real_log_step, real_log_eval = Telemetry.log_step, Telemetry.log_eval
+    real_step, real_log_eval = Telemetry.step, Telemetry.log_eval
     real_train_one_epoch, real_forward_backward = trainer.train_one_epoch, trainer.forward_backward
 
     def save_checkpoint(state, path):
@@ -147,8 +147,8 @@ def install(injector: FaultInjector) -> None:
             injector.strike("during_step", f"in step {step}")
         return real_forward_backward(*args, **kwargs)
 
-    def log_step(self, iteration, *args, **kwargs):
-        result = real_log_step(self, iteration, *args, **kwargs)
+    def step(self, iteration, *args, **kwargs):
+        result = real_step(self, iteration, *args, **kwargs)
         if injector.fault["event"] == "step" and iteration + 1 == injector.fault["steps"]:
             injector.strike("step", f"after step {iteration + 1}")
         return result
@@ -161,7 +161,7 @@ def install(injector: FaultInjector) -> None:
 
     checkpoint.save_checkpoint, torch.save, os.replace = save_checkpoint, torch_save, replace
     evaluate.predict, CocoEvaluator.evaluate = predict, score
-    Telemetry.log_step, Telemetry.log_eval = log_step, log_eval
+    Telemetry.step, Telemetry.log_eval = step, log_eval
     trainer.train_one_epoch, trainer.forward_backward = train_one_epoch, forward_backward
 
 
