@@ -1,4 +1,4 @@
-"""The fixtures' random-weight recipe (../shared/fixtures/README.md §1), numpy only.
+"""The fixtures' random-weight recipe (tests/fixtures/README.md §1), numpy only.
 
 `make_weights(spec, seed)` draws every tensor of an MMPose 1.x key spec from one PCG64 rng in
 spec order (float64 draws cast to float32); `derive(weights, spec)` builds the official 0.x and
