@@ -256,17 +256,18 @@ def model_inputs(cases_dir, crops_by_id, real_box):
     inputs["real_coco/input_center"], inputs["real_coco/input_scale"] = real_box
     inputs["real_coco/input"] = normalize_crops(real_crop)
     for key, value in stored.items():
-        expanded = normalize_crops(value) if key.endswith("_uint8_bgr") else value.astype(np.float32)
-        target = inputs[key.removesuffix("_uint8_bgr") if key.endswith("_uint8_bgr") else key]
-        assert np.array_equal(expanded, target), f"{key} does not expand back to the model input"
-        if loaded is not None and key.removesuffix("_uint8_bgr") in drawn:
-            assert np.array_equal(target, drawn[key.removesuffix("_uint8_bgr")]), f"{key} differs from the cases"
+        model_key = key.removesuffix("_uint8_bgr")
+        expanded = normalize_crops(value) if key != model_key else value.astype(np.float32)
+        assert np.array_equal(expanded, inputs[model_key]), f"{key} does not expand back to the model input"
+        if model_key in drawn:  # the cases carry this input themselves: it must not have changed
+            assert np.array_equal(inputs[model_key], drawn[model_key]), f"{model_key} differs from the cases"
     return inputs, stored
 
 
-def _data_sample(center, scale, instance_id=0, image_id=0):
+def _data_sample(center, scale):
+    """The metadata predict() reads: the box the keypoints map into, the flip pairs."""
     sample = PoseDataSample(metainfo={"input_size": INPUT_SIZE, "input_center": center, "input_scale": scale,
-                                      "flip_indices": FLIP_INDICES, "id": instance_id, "img_id": image_id})
+                                      "flip_indices": FLIP_INDICES})
     sample.gt_instances = InstanceData(bboxes=np.zeros((1, 4), np.float32), bbox_scores=np.ones(1, np.float32))
     return sample
 
