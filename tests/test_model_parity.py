@@ -1,4 +1,4 @@
-"""ViTPose-S against MMPose 1.3.2 and HF transformers outputs (tests/fixtures), with the
+"""ViTPose-S against MMPose 1.3.2 and HF transformers outputs (tests/fixtures/README.md), with the
 fixtures' random weights loaded through each checkpoint layout."""
 
 import json
