@@ -12,7 +12,8 @@ samples) with cv2.setNumThreads(1) and torch.set_num_threads(1), in these varian
 the heatmaps with udp_encode_torch on the accelerator; that GPU time is not counted here.
 `--mmpose` runs MMPose 1.3.2's pipeline (LoadImage, GetBBoxCenterScale, RandomFlip,
 RandomHalfBody, RandomBBoxTransform, TopdownAffine(use_udp), GenerateTarget(UDPHeatmap),
-PackPoseInputs) on the same data in /root/.cache/mmpose-ref-venv, in the same rounds.
+PackPoseInputs) on the same data in the MMPose reference venv ($VITPOSE_MMPOSE_PYTHON, default
+~/.cache/mmpose-ref-venv/bin/python; tools/reference/README.md), in the same rounds.
 
 samples/s per core = samples / CPU seconds of the process (time.process_time), which a loaded
 machine disturbs less than wall time; wall-clock rates are printed too. Rounds alternate the
@@ -38,13 +39,13 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from mmpose_reference import MMCOMPAT_DIR, missing_message, mmpose_python
+
 from vitpose.data import crop_cache as C
 from vitpose.data import transforms as T
 from vitpose.data.coco import CocoKeypoints, image_tensor
 
-SHARED = Path(os.environ.get("VITPOSE_SHARED", REPO.parent / "shared"))
-COCO_MINI = SHARED / "data" / "coco-mini"
-MMPOSE_PY = Path("/root/.cache/mmpose-ref-venv/bin/python")
+COCO_MINI = REPO / "tests" / "data" / "coco-mini"
 STAGES = ("decode", "augment", "warp", "targets", "pack")
 
 
@@ -149,7 +150,7 @@ MMPOSE_SCRIPT = textwrap.dedent(r"""
 
 
 def run_mmpose(n, round_index):
-    out = subprocess.run([str(MMPOSE_PY), "-c", MMPOSE_SCRIPT, str(SHARED / "mmpose-ref"), str(COCO_MINI),
+    out = subprocess.run([str(mmpose_python()), "-c", MMPOSE_SCRIPT, str(MMCOMPAT_DIR), str(COCO_MINI),
                           str(n), str(round_index)], check=False, capture_output=True, text=True)
     if out.returncode != 0:
         print("MMPose run failed:\n" + out.stderr[-3000:])
@@ -184,8 +185,8 @@ def main():
     cv2.setNumThreads(1)
     torch.set_num_threads(1)
     ann, root = COCO_MINI / "test_coco.json", COCO_MINI
-    if args.mmpose and not MMPOSE_PY.exists():
-        print(f"--mmpose: {MMPOSE_PY} not found (see ../shared/mmpose-ref/README.md); skipping MMPose")
+    if args.mmpose and not mmpose_python().exists():
+        print(f"--mmpose: {missing_message(mmpose_python())}; skipping MMPose")
         args.mmpose = False
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -12,7 +12,8 @@ wraps our model in torch.compile (compilation happens in the warm-up iterations)
 
 `--mmpose` runs MMPose 1.3.2's ViTPose (same config, random weights via init_cfg=None and
 mmpose.apis.init_model; train step = model.loss on fake data samples + backward + clip +
-torch AdamW; eval = model(x, None, mode='tensor')) in a subprocess of /root/.cache/mmpose-ref-venv,
+torch AdamW; eval = model(x, None, mode='tensor')) in a subprocess of the MMPose reference venv
+($VITPOSE_MMPOSE_PYTHON, default ~/.cache/mmpose-ref-venv/bin/python; tools/reference/README.md),
 fp32, same protocol, and prints ours/MMPose time ratios. Machines are noisy: compare figures
 from one run only.
 """
@@ -32,12 +33,12 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from mmpose_reference import MMCOMPAT_DIR, missing_message, mmpose_python
+
 from vitpose.engine.losses import KeypointMSELoss
 from vitpose.engine.optim import LAYER_DECAY, param_groups
 from vitpose.models.vitpose import build_model
 
-MMPOSE_PY = Path("/root/.cache/mmpose-ref-venv/bin/python")
-SHARED = Path(os.environ.get("VITPOSE_SHARED", REPO.parent / "shared"))
 MMPOSE_CONFIGS = {
     ("vitpose-s", "classic"): "td-hm_ViTPose-small_8xb64-210e_coco-256x192.py",
     ("vitpose-s", "simple"): "td-hm_ViTPose-small-simple_8xb64-210e_coco-256x192.py",
@@ -208,14 +209,15 @@ def bench_mmpose(args, device):
     config = MMPOSE_CONFIGS.get((args.model, args.decoder))
     if config is None:
         raise SystemExit(f"no MMPose config mapped for {args.model} {args.decoder}")
-    if not MMPOSE_PY.exists():
-        raise SystemExit(f"MMPose reference venv not found: {MMPOSE_PY} (see {SHARED}/mmpose-ref/README.md)")
+    python = mmpose_python()
+    if not python.exists():
+        raise SystemExit(missing_message(python))
     script = MMPOSE_SCRIPT.format(
-        mmref=str(SHARED / "mmpose-ref"), threads=args.threads, config=config, device=str(device),
+        mmref=str(MMCOMPAT_DIR), threads=args.threads, config=config, device=str(device),
         batch=args.batch, warmup=args.warmup, iters=args.iters,
     )
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
-    proc = subprocess.run([str(MMPOSE_PY), "-c", script], capture_output=True, text=True, env=env)
+    proc = subprocess.run([str(python), "-c", script], capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"MMPose benchmark failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])

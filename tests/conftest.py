@@ -1,25 +1,28 @@
-"""Shared test plumbing: where ../shared lives, and skips with a reason when it is absent."""
+"""Shared test plumbing: where the committed parity fixtures and the coco-mini data live.
 
-import os
+Both are part of the repository (tests/fixtures/README.md, tests/data/coco-mini/README.md), so a
+missing file is an error of the checkout, reported as a failure rather than a skip.
+"""
+
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("VITPOSE_SHARED", REPO.parent / "shared"))
-FIXTURES = SHARED / "fixtures"
-COCO_MINI = SHARED / "data" / "coco-mini"
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+FIXTURES = TESTS / "fixtures"
+COCO_MINI = TESTS / "data" / "coco-mini"
 
 
 @pytest.fixture(scope="session")
 def fixtures_dir() -> Path:
-    if not FIXTURES.is_dir():
-        pytest.skip(f"MMPose reference fixtures not found at {FIXTURES} (set VITPOSE_SHARED)")
+    """tests/fixtures: MMPose 1.3.2 reference outputs made by tools/reference/make_fixtures.py."""
+    assert (FIXTURES / "README.md").is_file(), f"the parity fixtures are missing from {FIXTURES}"
     return FIXTURES
 
 
 @pytest.fixture(scope="session")
 def coco_mini_dir() -> Path:
-    if not (COCO_MINI / "test_coco.json").is_file():
-        pytest.skip(f"coco-mini not found at {COCO_MINI} (set VITPOSE_SHARED)")
+    """tests/data/coco-mini: 4 COCO val2017 images, their keypoint annotations and detections."""
+    assert (COCO_MINI / "test_coco.json").is_file(), f"coco-mini is missing from {COCO_MINI}"
     return COCO_MINI

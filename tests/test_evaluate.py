@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import REPO
+from fixture_files import load_npz
 from test_metric import pycocotools_stats
 from weights_recipe import layout_weights
 
@@ -37,7 +38,7 @@ TINY = {"depth": 1, "embed_dim": 96, "num_heads": 3, "deconv_channels": (32, 32)
 
 @pytest.fixture(scope="module")
 def io_ref(fixtures_dir):
-    return np.load(fixtures_dir / "model_vitpose_s_io.npz")
+    return load_npz(fixtures_dir / "model_vitpose_s_io.npz")
 
 
 @pytest.fixture(scope="module")

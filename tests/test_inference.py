@@ -6,6 +6,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from fixture_files import load_npz
 from test_evaluate import INSTANCE, ReferenceHeatmaps, decode_sensitivity, tiny_model
 from weights_recipe import layout_weights
 
@@ -16,7 +17,7 @@ from vitpose.inference import Predictor
 
 @pytest.fixture(scope="module")
 def io_ref(fixtures_dir):
-    return np.load(fixtures_dir / "model_vitpose_s_io.npz")
+    return load_npz(fixtures_dir / "model_vitpose_s_io.npz")
 
 
 @pytest.fixture(scope="module")
