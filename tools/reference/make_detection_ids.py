@@ -18,8 +18,8 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-# mmcompat.py (the import shim of the reference venv) lives next to its setup script.
-MMPOSE_REF = Path(os.environ.get("VITPOSE_MMPOSE_REF", REPO.parent / "shared" / "mmpose-ref"))
+# mmcompat.py (the import shim of the reference venv) lives beside this script (tools/reference/README.md).
+MMPOSE_REF = Path(os.environ.get("VITPOSE_MMPOSE_REF", Path(__file__).resolve().parent))
 OUT = REPO / "tests" / "fixtures" / "detection_ids.json"
 THRESHOLDS = (0.0, 0.3, 0.5, 0.95)
 

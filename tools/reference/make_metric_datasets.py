@@ -45,8 +45,8 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
-# mmcompat.py (the import shim of the reference venv) lives next to its setup script.
-MMPOSE_REF = Path(os.environ.get("VITPOSE_MMPOSE_REF", REPO.parent / "shared" / "mmpose-ref"))
+# mmcompat.py (the import shim of the reference venv) lives beside this script (tools/reference/README.md).
+MMPOSE_REF = Path(os.environ.get("VITPOSE_MMPOSE_REF", Path(__file__).resolve().parent))
 DATA = REPO / "tests" / "data"
 SEED = 20250611
 STAT_NAMES = ("AP", "AP .5", "AP .75", "AP (M)", "AP (L)", "AR", "AR .5", "AR .75", "AR (M)", "AR (L)")

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
-# mmcompat.py (the import shim of the reference venv) lives next to its setup script.
-MMPOSE_REF = Path(os.environ.get("VITPOSE_MMPOSE_REF", REPO.parent / "shared" / "mmpose-ref"))
+# mmcompat.py (the import shim of the reference venv) lives beside this script (tools/reference/README.md).
+MMPOSE_REF = Path(os.environ.get("VITPOSE_MMPOSE_REF", Path(__file__).resolve().parent))
 OUT = REPO / "tests" / "fixtures" / "udp_weight_cases.json"
 SETTINGS = [  # input_size (w, h), heatmap_size (W, H), sigma
     ((192, 256), (48, 64), 2.0),
