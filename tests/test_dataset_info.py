@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from vitpose import coco_meta
-from vitpose.data.dataset_info import (
+from vitpose.data.errors import DataError
+from vitpose.data.metainfo import (
     BUILTIN_NAMES,
     DEFAULT_SIGMA,
     DatasetInfo,
@@ -20,7 +21,6 @@ from vitpose.data.dataset_info import (
     read_categories,
     twin_name,
 )
-from vitpose.data.errors import DataError
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "dataset_infos.json").read_text())["datasets"]
 

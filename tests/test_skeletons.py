@@ -14,8 +14,8 @@ import pytest
 
 from vitpose.data.coco import CocoKeypoints
 from vitpose.data.coco_index import build_coco_index
-from vitpose.data.dataset_info import dataset_info
 from vitpose.data.errors import DataError
+from vitpose.data.metainfo import dataset_info
 
 HERE = Path(__file__).parent
 CASES = json.loads((HERE / "fixtures" / "reader_cases.json").read_text())["cases"]

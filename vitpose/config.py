@@ -65,6 +65,7 @@ class DataConfig:
     # Before the first training step every validation box is checked and the validation images
     # are opened: "sample" (a spread-out sample, seconds), "all" (every image), "off".
     check_val_images: str = "sample"
+    dataset_info: str = "coco"  # skeleton: built-in name, a skeleton YAML or a COCO annotation file
 
 
 @dataclass

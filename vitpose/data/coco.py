@@ -3,7 +3,7 @@
 `CocoKeypoints(ann_file, img_dir, train=False, bbox_file=None, ..., dataset_info=None)`: one item
 per instance of its `CocoIndex` (coco_index.py: which annotations or detections become instances,
 their validation, and the arrays they live in). The skeleton (`dataset_info`, see
-dataset_info.py; COCO-17 by default) gives K, the annotation format, the flip indices and the
+metainfo.py; COCO-17 by default) gives K, the annotation format, the flip indices and the
 half-body sets. `ds[i]` uses `ds.epoch`; `ds[(i, epoch)]` names
 the epoch, and every random draw of a training sample comes from
 `np.random.default_rng((seed, epoch, i))`, so a sample depends on nothing but those numbers.
@@ -35,11 +35,11 @@ from torch.utils.data import Dataset
 from ..codecs.udp import UDPHeatmap
 from . import transforms as T
 from .coco_index import CocoIndex, build_coco_index
-from .dataset_info import DatasetInfo
-from .dataset_info import dataset_info as load_dataset_info
 from .errors import DataError
 from .geometry import bbox_xyxy2xywh
 from .image_io import load_image
+from .metainfo import DatasetInfo
+from .metainfo import dataset_info as load_dataset_info
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +202,11 @@ class CocoKeypoints(Dataset):
             "bbox": torch.from_numpy(bbox_xyxy2xywh(ix.bbox_xyxy[i])),
             "area": float(np.float32(scale_fixed[0]) * np.float32(scale_fixed[1])),
         }
+
+    def target_weights(self, keypoints, keypoints_visible):
+        """(K,) keypoint weights of the UDP targets of crop keypoints (K, 2), without heatmaps."""
+        return self._codec.keypoint_weights(np.asarray(keypoints)[None],
+                                            np.asarray(keypoints_visible, np.float32)[None])[0]
 
     def targets(self, keypoints, keypoints_visible):
         """UDP targets of crop keypoints (K, 2): "keypoint_weights" (K,), and "heatmaps"

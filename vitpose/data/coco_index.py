@@ -46,7 +46,7 @@ from .geometry import bbox_xywh2xyxy, bbox_xyxy2cs
 from .image_io import read_image_size
 
 if TYPE_CHECKING:
-    from .dataset_info import DatasetInfo
+    from .metainfo import DatasetInfo
 
 __all__ = ["CocoIndex", "build_coco_index"]
 

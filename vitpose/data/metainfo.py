@@ -1,5 +1,7 @@
 """Skeletons as data: which keypoints a dataset has and what every layer needs to know of them.
 
+(The module is `metainfo`, MMPose's word, so that `vitpose.data.dataset_info` stays the function.)
+
 `dataset_info(name_or_path) -> DatasetInfo` reads one of
 
 - a built-in name: "coco", "coco_wholebody", "aic", "mpii", "ap10k", "apt36k". Each is a YAML file
@@ -263,7 +265,7 @@ def infer_flip_indices(names, source: str = "<names>", how_to_fix: str = "") -> 
 
 
 _FIX_WITH_YAML = (": write a skeleton YAML with `keypoints:` and `flip_pairs:` (an empty list if nothing is "
-                  "mirrored; see vitpose/data/dataset_info.py) and set data.dataset_info to its path")
+                  "mirrored; see vitpose/data/metainfo.py) and set data.dataset_info to its path")
 
 
 # ---------------------------------------------------------------------------- readers
