@@ -15,6 +15,8 @@ from vitpose.data.errors import DataError
 from vitpose.data.metainfo import BUILTIN_NAMES, DatasetInfo, dataset_info
 from vitpose.models import build_model
 
+SKELETON_SUFFIXES = (".yaml", ".yml", ".json")  # the files data.dataset_info may name
+
 
 def build_model_from_config(model_cfg: ModelConfig):
     """The ViTPose of `model.*` (input size, drop path, grad checkpointing, extra build kwargs)."""
@@ -46,8 +48,8 @@ def dataset_info_path(cfg: Config, root: str | Path | None = None) -> str | Path
     relative path under `data.root` when the file is there (like the annotation paths), else as
     given (relative to the working directory, e.g. a skeleton YAML next to the config)."""
     value = cfg.data.dataset_info
-    if value in BUILTIN_NAMES or Path(value).is_absolute():
-        return value
+    if value in BUILTIN_NAMES or Path(value).is_absolute() or Path(value).suffix.lower() not in SKELETON_SUFFIXES:
+        return value  # a name (an unknown one fails in dataset_info, listing the built-ins)
     under_root = Path(cfg.data.root if root is None else root) / value
     return under_root if under_root.is_file() or not Path(value).is_file() else Path(value)
 

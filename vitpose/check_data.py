@@ -17,11 +17,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from vitpose.builders import build_dataset_info, build_train_set, build_val_set
+from vitpose.builders import build_dataset_info, build_train_set, build_val_set, dataset_info_path
 from vitpose.config import Config, ConfigError, load_config
 from vitpose.data import check as C
 from vitpose.data.errors import DataError
-from vitpose.data.metainfo import DatasetInfo
+from vitpose.data.metainfo import DatasetInfo, dataset_info
 
 FAST_IMAGES = 16  # training images decoded by train.py's preflight
 
@@ -73,7 +73,8 @@ def main(argv=None) -> int:
     try:
         cfg = load_config(args.config, args.set)
         root = Path(args.data_root or cfg.data.root)
-        info = build_dataset_info(cfg, root)
+        # Not build_dataset_info: a model K that differs from the skeleton's is a row of the table.
+        info = dataset_info(dataset_info_path(cfg, root))
     except (ConfigError, DataError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
