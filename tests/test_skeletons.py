@@ -296,3 +296,21 @@ def test_k5_demo_ap_rises_well_above_where_it_started(tmp_path):
     assert len(aps) == 10
     assert aps[-1] > aps[0] + 0.15, aps
     assert aps[-1] == max(aps) or aps[-1] > 0.9 * max(aps), aps
+
+
+def test_flip_test_needs_one_flip_index_per_heatmap():
+    import torch
+
+    from vitpose.models import build_model, flip_test
+
+    model = build_model("vitpose-s", decoder="simple", num_keypoints=5, depth=1, embed_dim=32, num_heads=2).eval()
+    x = torch.randn(1, 3, 256, 192)
+    with pytest.raises(ValueError, match="predicts 5 heatmaps but 17 flip indices"):
+        flip_test(model, x)
+    info = dataset_info(HERE.parent / "configs" / "demo_k5_skeleton.yaml")
+    with torch.no_grad():
+        out = flip_test(model, x, info.flip_indices)
+        plain, mirrored = model(x), model(x.flip(-1)).flip(-1)
+    # channel 1 (left_wrist) averages with the mirrored crop's channel 2 (right_wrist)
+    torch.testing.assert_close(out[:, 1], (plain[:, 1] + mirrored[:, 2]) / 2)
+    torch.testing.assert_close(out[:, 0], (plain[:, 0] + mirrored[:, 0]) / 2)
