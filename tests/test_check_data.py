@@ -201,3 +201,16 @@ def test_dataset_info_path_resolution(tmp_path, monkeypatch):
     cfg.data.dataset_info = "nowhere.yaml"
     with pytest.raises(DataError, match=r"data.dataset_info: skeleton file not found .*nowhere.yaml"):
         build_dataset_info(cfg)
+
+
+def test_flip_pairs_the_names_contradict_warn():
+    from vitpose.data.metainfo import DatasetInfo
+
+    names = ("nose", "left_eye", "right_eye", "left_paw", "right_paw")
+    crossed = DatasetInfo("x", names, (0, 3, 4, 1, 2))
+    [warn] = [f for f in C.check_skeleton(crossed) if f.check == "flip pairs by name"]
+    assert warn.status == C.WARN and "'left_eye' mirrors to 'left_paw', not 'right_eye'" in warn.detail
+    kept = DatasetInfo("x", names, (0, 1, 2, 4, 3))
+    [warn] = [f for f in C.check_skeleton(kept) if f.check == "flip pairs by name"]
+    assert "'left_eye' mirrors to itself although 'right_eye' exists" in warn.detail
+    assert not [f for f in C.check_skeleton(dataset_info("coco_wholebody")) if f.status != C.OK]

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import DataError
-from .metainfo import DatasetInfo
+from .metainfo import DatasetInfo, twin_name
 
 OK, WARN, ERROR = "ok", "warn", "ERROR"
 SAMPLE_IMAGES = 64  # images decoded by a sampled image check
@@ -115,6 +115,10 @@ def check_skeleton(info: DatasetInfo, model_keypoints: int | None = None,
     problem = flip_problem(info.flip_indices, K)
     out.append(Finding("flip indices", ERROR if problem else OK,
                        problem or "a permutation and its own inverse (left/right swaps)"))
+    odd = [] if problem else unlike_twins(info)
+    if odd:
+        out.append(Finding("flip pairs by name", WARN, "; ".join(odd[:4]) + (" ..." if len(odd) > 4 else "")
+                           + " (a wrong pair teaches the model to swap joints)"))
     if not info.upper_body_ids and not info.lower_body_ids:
         out.append(Finding("half-body sets", WARN, "none: half-body augmentation is off (add upper_body / "
                                                    "lower_body to a skeleton YAML to use it)"))
@@ -122,6 +126,20 @@ def check_skeleton(info: DatasetInfo, model_keypoints: int | None = None,
         out.append(Finding("OKS sigmas", WARN, f"default {info.sigmas[0]:.4f} for every keypoint (the mean of "
                                                "COCO's): AP depends on them, set `sigmas` in a skeleton YAML"))
     return out
+
+
+def unlike_twins(info: DatasetInfo) -> list[str]:
+    """Flip pairs that the names contradict: a side-named keypoint mirrored to something other
+    than its name twin, or kept in place although its twin is there."""
+    names, position = info.keypoint_names, {n: i for i, n in enumerate(info.keypoint_names)}
+    found = []
+    for i, j in enumerate(info.flip_indices):
+        twin = twin_name(names[i])
+        if twin is None or twin not in position or position[twin] == j:
+            continue
+        found.append(f"{names[i]!r} mirrors to itself although {twin!r} exists" if i == j
+                     else f"{names[i]!r} mirrors to {names[j]!r}, not {twin!r}")
+    return found
 
 
 # ------------------------------------------------------------------------------ labels
