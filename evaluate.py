@@ -107,7 +107,9 @@ def draw_examples(dataset, predictions, out_dir: Path, num_images: int, thr: flo
         kept = by_image[image_id]
         keypoints = np.stack([p["keypoints"] for p in kept])
         scores = np.stack([p["keypoint_scores"] for p in kept])
-        canvas = draw_pose(image, keypoints, scores, thr=thr, channels="bgr")
+        skeleton = dataset.dataset_info
+        canvas = draw_pose(image, keypoints, scores, thr=thr, channels="bgr", skeleton=skeleton.skeleton,
+                           keypoint_colors=skeleton.keypoint_colors, link_colors=skeleton.link_colors)
         path = out_dir / f"{image_id:012d}.png"
         cv2.imwrite(str(path), canvas)
         written.append(path)
@@ -117,7 +119,13 @@ def draw_examples(dataset, predictions, out_dir: Path, num_images: int, thr: flo
 def run(args) -> dict:
     from torch.utils.data import DataLoader
 
-    from vitpose.builders import build_codec, build_evaluator, build_model_from_config, build_val_set
+    from vitpose.builders import (
+        build_codec,
+        build_dataset_info,
+        build_evaluator,
+        build_model_from_config,
+        build_val_set,
+    )
     from vitpose.config import load_config
     from vitpose.engine.evaluate import format_stats, predict
     from vitpose.evaluation.coco_evaluator import save_predictions
@@ -135,8 +143,9 @@ def run(args) -> dict:
                                 "(give one with --bbox-file, or evaluate on GT boxes with --gt-boxes)")
 
     # Build everything that can fail on bad input before the long part starts.
-    evaluator = build_evaluator(cfg, root=root)  # as MMPose scores data.dataset_info
-    dataset = build_val_set(cfg, root, bbox_file)
+    skeleton = build_dataset_info(cfg, root)  # K, flip pairs and OKS sigmas of the data
+    evaluator = build_evaluator(cfg, skeleton, root=root)  # as MMPose scores data.dataset_info
+    dataset = build_val_set(cfg, root, bbox_file, info=skeleton)
     model = build_model_from_config(cfg.model)
     report = load_weights(model, args.checkpoint)
     model.to(device).eval()
@@ -158,7 +167,8 @@ def run(args) -> dict:
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=workers,
                         pin_memory=device.type == "cuda", persistent_workers=False)
     start = time.perf_counter()
-    predictions = predict(model, loader, codec, flip_test=flip, device=device, amp_dtype=amp_dtype)
+    predictions = predict(model, loader, codec, flip_test=flip, device=device, amp_dtype=amp_dtype,
+                          flip_indices=skeleton.flip_indices)
     seconds = time.perf_counter() - start
     print(f"predicted : {len(predictions)} crops in {seconds:.1f} s ({len(predictions) / max(seconds, 1e-9):.1f} crops/s)")
 

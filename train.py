@@ -173,6 +173,7 @@ def train(cfg, config_path: Path, resume: str | None, stop, overwrite: bool = Fa
     import torch
 
     from vitpose.builders import build_codec, build_evaluator, build_model_from_config, build_train_set, build_val_set
+    from vitpose.check_data import preflight
     from vitpose.data.loaders import build_loaders
     from vitpose.engine import distributed as D
     from vitpose.engine.checkpoint import prune_epoch_checkpoints, save_checkpoint
@@ -206,11 +207,15 @@ def train(cfg, config_path: Path, resume: str | None, stop, overwrite: bool = Fa
             return EXIT_USAGE
         seed_everything(cfg.train.seed + ctx.rank)
         train_set = build_train_set(cfg)  # GT boxes, ViTPose augmentation; UDP targets drawn on the device
-        val_set = build_val_set(cfg)  # the configured detection boxes, or GT boxes
+        val_set = build_val_set(cfg, info=train_set.dataset_info)  # the configured detection boxes, or GT boxes
+        skeleton = train_set.dataset_info  # K, flip pairs, half-body sets and OKS sigmas of the data
+        report = preflight(cfg, train_set)  # K, flip table, labels, all-zero targets: seconds, every rank
         if is_main:
             print(describe_dataset("training", train_set))
             print(describe_dataset("validation", val_set))
+            print(report.format(blocks=False), end="")  # the full report: python -m vitpose.check_data
             check_val_images(val_set, cfg.data.check_val_images)  # a corrupt image fails now, not after epoch 10
+        report.raise_on_error()
         loaders = closing.enter_context(build_loaders(train_set, val_set, cfg.loader, seed=cfg.train.seed,
                                                       rank=ctx.rank, world_size=ctx.world_size))
         batches_per_epoch = loaders.train_batches_per_epoch
@@ -257,7 +262,7 @@ def train(cfg, config_path: Path, resume: str | None, stop, overwrite: bool = Fa
             f"{cfg.loader.batch_size} x accum {accum}, {len(train_set)} training instances, "
             f"{steps_per_epoch} steps/epoch, {loaders.num_workers} workers")
         codec = build_codec(cfg.model)
-        evaluator = build_evaluator(cfg) if is_main else None  # as MMPose scores data.dataset_info
+        evaluator = build_evaluator(cfg, skeleton) if is_main else None  # as MMPose scores data.dataset_info
 
         def save(name: str) -> Path | None:
             """Checkpoint the run as it stands now (main process only)."""
@@ -272,7 +277,8 @@ def train(cfg, config_path: Path, resume: str | None, stop, overwrite: bool = Fa
             done, improved = state.epoch, False
             if done % cfg.train.val_every == 0 or done == cfg.schedule.epochs:
                 predictions = predict(model, loaders.val(), codec, flip_test=cfg.eval.flip_test,
-                                      device=ctx.device, amp_dtype=precision.dtype)
+                                      device=ctx.device, amp_dtype=precision.dtype,
+                                      flip_indices=skeleton.flip_indices)
                 predictions = D.gather_objects(predictions, ctx)  # all ranks predict, rank 0 scores
                 ap = None
                 if is_main:
@@ -428,17 +434,22 @@ def missing_data_message(cfg, missing: dict[str, Path], config_path: Path) -> st
 
 def ensure_synthetic_data(cfg) -> None:
     """Write the demo's synthetic COCO-layout set under data.root unless it is already there."""
+    from vitpose.builders import build_dataset_info
     from vitpose.data.synthetic import make_coco
 
     root = Path(cfg.data.root)
     want = {"train": cfg.data.synthetic_train_images, "val": cfg.data.synthetic_val_images,
             "seed": cfg.data.synthetic_seed}
+    # Another skeleton (a YAML of COCO-named keypoints, e.g. configs/demo_k5.yaml) labels the same people.
+    info = None if cfg.data.dataset_info == "coco" else build_dataset_info(cfg)
+    if info is not None:
+        want["keypoints"] = list(info.keypoint_names)
     stamp = root / "synthetic.json"
     if stamp.is_file() and json.loads(stamp.read_text()) == want and not missing_data_files(cfg):
         return
     print(f"writing the synthetic set ({want['train']} training and {want['val']} validation images) to {root}")
-    make_coco(root, want["train"], seed=want["seed"], split="train")
-    make_coco(root, max(want["val"], 1), seed=want["seed"], split="val")
+    make_coco(root, want["train"], seed=want["seed"], split="train", dataset_info=info)
+    make_coco(root, max(want["val"], 1), seed=want["seed"], split="val", dataset_info=info)
     stamp.write_text(json.dumps(want))
 
 

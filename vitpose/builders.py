@@ -11,7 +11,11 @@ from pathlib import Path
 from vitpose.codecs.udp import UDPHeatmap
 from vitpose.config import Config, ConfigError, DataConfig, ModelConfig
 from vitpose.data.coco import CocoKeypoints
+from vitpose.data.errors import DataError
+from vitpose.data.metainfo import BUILTIN_NAMES, DatasetInfo, dataset_info
 from vitpose.models import build_model
+
+SKELETON_SUFFIXES = (".yaml", ".yml", ".json")  # the files data.dataset_info may name
 
 
 def build_model_from_config(model_cfg: ModelConfig):
@@ -39,9 +43,46 @@ def photometric_transforms(data_cfg: DataConfig):
     return [A.RandomBrightnessContrast(p=0.5), A.HueSaturationValue(p=0.3)]
 
 
-def build_train_set(cfg: Config, root: str | Path | None = None) -> CocoKeypoints:
-    """The training set: GT boxes, full ViTPose augmentation; targets on the device when configured."""
+def dataset_info_path(cfg: Config, root: str | Path | None = None) -> str | Path:
+    """`data.dataset_info` as `vitpose.data.dataset_info` takes it: a built-in name as it is; a
+    relative path under `data.root` when the file is there (like the annotation paths), else as
+    given (relative to the working directory, e.g. a skeleton YAML next to the config)."""
+    value = cfg.data.dataset_info
+    if value in BUILTIN_NAMES or Path(value).is_absolute() or Path(value).suffix.lower() not in SKELETON_SUFFIXES:
+        return value  # a name (an unknown one fails in dataset_info, listing the built-ins)
+    under_root = Path(cfg.data.root if root is None else root) / value
+    return under_root if under_root.is_file() or not Path(value).is_file() else Path(value)
+
+
+def build_dataset_info(cfg: Config, root: str | Path | None = None) -> DatasetInfo:
+    """The skeleton of `data.dataset_info`, checked against `model.num_keypoints`.
+
+    Raises:
+        DataError: an unknown name or a bad skeleton file (named).
+        ConfigError: the model's K differs from the skeleton's.
+    """
+    try:
+        info = dataset_info(dataset_info_path(cfg, root))
+    except DataError as e:
+        raise DataError(f"data.dataset_info: {e}") from None
+    check_num_keypoints(cfg.model, info)
+    return info
+
+
+def check_num_keypoints(model_cfg: ModelConfig, info: DatasetInfo) -> None:
+    """The model must predict one heatmap per keypoint of the skeleton."""
+    if model_cfg.num_keypoints != info.num_keypoints:
+        raise ConfigError(f"model.num_keypoints is {model_cfg.num_keypoints} but the skeleton {info.name!r} "
+                          f"(data.dataset_info: {info.source}) has {info.num_keypoints} keypoints; set "
+                          f"model.num_keypoints: {info.num_keypoints}")
+
+
+def build_train_set(cfg: Config, root: str | Path | None = None, info: DatasetInfo | None = None) -> CocoKeypoints:
+    """The training set: GT boxes, full ViTPose augmentation; targets on the device when configured.
+
+    info: the skeleton (default: `build_dataset_info(cfg, root)`)."""
     root = Path(cfg.data.root if root is None else root)
+    info = build_dataset_info(cfg, root) if info is None else info
     return CocoKeypoints(
         root / cfg.data.train_ann, root / cfg.data.train_images, train=True,
         input_size=cfg.model.input_size, heatmap_size=cfg.model.heatmap_size, sigma=cfg.model.sigma,
@@ -49,7 +90,7 @@ def build_train_set(cfg: Config, root: str | Path | None = None) -> CocoKeypoint
         max_bad_images=cfg.data.max_bad_images, reduced_decode=cfg.data.reduced_decode,
         photometric=photometric_transforms(cfg.data),
         crop_cache=root / cfg.data.crop_cache if cfg.data.crop_cache else None,
-        num_keypoints=cfg.model.num_keypoints,
+        dataset_info=info,
     )
 
 
@@ -61,16 +102,19 @@ def val_bbox_path(cfg: Config, root: str | Path | None = None) -> Path | None:
     return path if path.is_absolute() else Path(cfg.data.root if root is None else root) / path
 
 
-def build_val_set(cfg: Config, root: str | Path | None = None, bbox_file: str | Path | None = "config"
-                  ) -> CocoKeypoints:
-    """The validation set: detected boxes (`data.val_bbox_file`, or `bbox_file`) or GT boxes (None)."""
+def build_val_set(cfg: Config, root: str | Path | None = None, bbox_file: str | Path | None = "config",
+                  info: DatasetInfo | None = None) -> CocoKeypoints:
+    """The validation set: detected boxes (`data.val_bbox_file`, or `bbox_file`) or GT boxes (None).
+
+    info: the skeleton (default: `build_dataset_info(cfg, root)`)."""
     root = Path(cfg.data.root if root is None else root)
+    info = build_dataset_info(cfg, root) if info is None else info
     if isinstance(bbox_file, str) and bbox_file == "config":
         bbox_file = val_bbox_path(cfg, root)
     return CocoKeypoints(
         root / cfg.data.val_ann, root / cfg.data.val_images, train=False, bbox_file=bbox_file,
         input_size=cfg.model.input_size, heatmap_size=cfg.model.heatmap_size, sigma=cfg.model.sigma,
-        bbox_score_thr=cfg.data.bbox_score_thr, num_keypoints=cfg.model.num_keypoints,
+        bbox_score_thr=cfg.data.bbox_score_thr, dataset_info=info,
     )
 
 

@@ -1,7 +1,9 @@
 """COCO-17 keypoint facts shared by every layer (no imports, no behaviour).
 
 Order and values follow MMPose's `configs/_base_/datasets/coco.py` and the COCO annotation
-files; docs/data.md §8 gives the sources.
+files; docs/data.md §8 gives the sources. They are the built-in skeleton `vitpose.data.dataset_info(
+"coco")` written out for the lowest layer (models and evaluation default to them);
+tests/test_dataset_info.py checks that the two agree.
 """
 
 KEYPOINT_NAMES = (

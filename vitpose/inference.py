@@ -170,11 +170,13 @@ class Predictor:
         config, e.g. the demo's small ViT on 128x96 crops: `Predictor.from_config(
         "configs/demo.yaml", "work_dirs/demo/best.pth")`. `kwargs` go to `Predictor`.
         """
-        from vitpose.builders import build_codec, build_model_from_config
+        from vitpose.builders import build_codec, build_dataset_info, build_model_from_config
         from vitpose.config import Config, load_config
         from vitpose.models.checkpoint import load_weights
 
         cfg = config if isinstance(config, Config) else load_config(config)
+        if "flip_indices" not in kwargs:  # the flip test mirrors with the config's skeleton
+            kwargs["flip_indices"] = build_dataset_info(cfg).flip_indices
         model = build_model_from_config(cfg.model)
         load_weights(model, checkpoint)
         return cls(model, codec=build_codec(cfg.model), **kwargs)

@@ -1,4 +1,4 @@
-"""Draw COCO-17 poses on an image with OpenCV."""
+"""Draw poses of any skeleton on an image with OpenCV (COCO-17 by default)."""
 
 from __future__ import annotations
 
@@ -26,14 +26,19 @@ def _point_colour(k: int):
 
 
 def draw_pose(image: np.ndarray, keypoints, scores=None, thr: float = 0.3, skeleton=SKELETON,
-              radius: int | None = None, thickness: int | None = None, channels: str = "rgb") -> np.ndarray:
-    """Draw keypoints and the skeleton of one or more people; returns a new image.
+              radius: int | None = None, thickness: int | None = None, channels: str = "rgb",
+              keypoint_colors=None, link_colors=None) -> np.ndarray:
+    """Draw keypoints and the skeleton of one or more people (or animals); returns a new image.
 
     image: (H, W, 3) uint8 (RGB by default; `channels="bgr"` for OpenCV images, so the
         colours come out the same). keypoints: (K, 2) or (M, K, 2) image pixels (x, y).
     scores: (K,) or (M, K); keypoints with score <= thr (or non-finite coordinates) are not
         drawn, nor the limbs that touch them. None draws every keypoint.
-    skeleton: limb index pairs (default: COCO-17, `vitpose.coco_meta.SKELETON`).
+    skeleton: limb index pairs, 0-based (default: COCO-17, `vitpose.coco_meta.SKELETON`; for
+        another dataset its `DatasetInfo.skeleton`). A limb outside the K keypoints raises.
+    keypoint_colors, link_colors: RGB triples, one per keypoint and one per limb (a
+        `DatasetInfo`'s `keypoint_colors` / `link_colors`). None: for K = 17 COCO's left/right
+        colours, otherwise one colour for all.
     """
     image = np.asarray(image)
     if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
@@ -48,6 +53,16 @@ def draw_pose(image: np.ndarray, keypoints, scores=None, thr: float = 0.3, skele
     scores = np.asarray(scores, dtype=np.float64).reshape(keypoints.shape[:2])
     if channels not in ("rgb", "bgr"):
         raise ValueError(f"channels must be 'rgb' or 'bgr', got {channels!r}")
+    K = keypoints.shape[1]
+    skeleton = [(int(a), int(b)) for a, b in skeleton]
+    outside = [limb for limb in skeleton if not (0 <= limb[0] < K and 0 <= limb[1] < K)]
+    if outside:
+        raise ValueError(f"skeleton limb {outside[0]} is out of range for {K} keypoints: pass the dataset's "
+                         "skeleton (DatasetInfo.skeleton)")
+    point_colours = _colours(keypoint_colors, K, "keypoint_colors", [_point_colour(k) if K == 17 else CENTRE
+                                                                      for k in range(K)])
+    limb_colours = _colours(link_colors, len(skeleton), "link_colors",
+                            [_side_colour(a, b) if K == 17 else CENTRE for a, b in skeleton])
 
     def colour(rgb):
         return tuple(int(c) for c in (rgb[::-1] if channels == "bgr" else rgb))
@@ -59,10 +74,20 @@ def draw_pose(image: np.ndarray, keypoints, scores=None, thr: float = 0.3, skele
     for person, person_scores in zip(keypoints, scores):
         visible = (person_scores > thr) & np.all(np.isfinite(person), axis=-1)
         points = [tuple(round(float(v)) for v in p) if ok else None for p, ok in zip(person, visible)]
-        for a, b in skeleton:
-            if a < len(points) and b < len(points) and points[a] and points[b]:
-                cv2.line(canvas, points[a], points[b], colour(_side_colour(a, b)), thickness, cv2.LINE_AA)
-        for k, p in enumerate(points):
+        for (a, b), rgb in zip(skeleton, limb_colours):
+            if points[a] and points[b]:
+                cv2.line(canvas, points[a], points[b], colour(rgb), thickness, cv2.LINE_AA)
+        for p, rgb in zip(points, point_colours):
             if p is not None:
-                cv2.circle(canvas, p, radius, colour(_point_colour(k)), -1, cv2.LINE_AA)
+                cv2.circle(canvas, p, radius, colour(rgb), -1, cv2.LINE_AA)
     return canvas
+
+
+def _colours(given, count: int, name: str, default: list) -> list:
+    """`given` as `count` RGB tuples (checked), or the default."""
+    if given is None:
+        return default
+    colours = [tuple(int(c) for c in rgb) for rgb in given]
+    if len(colours) != count or any(len(c) != 3 for c in colours):
+        raise ValueError(f"{name} must hold {count} RGB triples, got {len(colours)}")
+    return colours

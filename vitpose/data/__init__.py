@@ -1,4 +1,4 @@
-"""COCO keypoint data: geometry, augmentation, dataset, synthetic set and loaders."""
+"""Keypoint data: skeletons, geometry, augmentation, dataset, synthetic set and loaders."""
 
 import importlib
 
@@ -23,6 +23,9 @@ _LOCATIONS = {
     "normalize_images": "vitpose.data.pixels",
     "AUGMENTATION_LIMITS": "vitpose.data.transforms",
     "SyntheticCoco": "vitpose.data.synthetic",
+    "dataset_info": "vitpose.data.metainfo",
+    "DatasetInfo": "vitpose.data.metainfo",
+    "BUILTIN_NAMES": "vitpose.data.metainfo",
 }
 __all__ = [*_LOCATIONS]
 

@@ -1,8 +1,10 @@
-"""COCO person keypoints as top-down samples, with MMPose 1.x's pipelines.
+"""Keypoint instances (COCO person keypoints by default) as top-down samples, with MMPose 1.x's pipelines.
 
-`CocoKeypoints(ann_file, img_dir, train=False, bbox_file=None, ...)`: one item per person
-instance of its `CocoIndex` (coco_index.py: which annotations or detections become instances,
-their validation, and the arrays they live in). `ds[i]` uses `ds.epoch`; `ds[(i, epoch)]` names
+`CocoKeypoints(ann_file, img_dir, train=False, bbox_file=None, ..., dataset_info=None)`: one item
+per instance of its `CocoIndex` (coco_index.py: which annotations or detections become instances,
+their validation, and the arrays they live in). The skeleton (`dataset_info`, see
+metainfo.py; COCO-17 by default) gives K, the annotation format, the flip indices and the
+half-body sets. `ds[i]` uses `ds.epoch`; `ds[(i, epoch)]` names
 the epoch, and every random draw of a training sample comes from
 `np.random.default_rng((seed, epoch, i))`, so a sample depends on nothing but those numbers.
 
@@ -30,13 +32,14 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..coco_meta import FLIP_INDICES, NUM_KEYPOINTS
 from ..codecs.udp import UDPHeatmap
 from . import transforms as T
 from .coco_index import CocoIndex, build_coco_index
 from .errors import DataError
 from .geometry import bbox_xyxy2xywh
 from .image_io import load_image
+from .metainfo import DatasetInfo
+from .metainfo import dataset_info as load_dataset_info
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +70,18 @@ class CocoKeypoints(Dataset):
         index: a `CocoIndex` already built from these files (`build_coco_index`), to share one
             between datasets; it must match ann_file, bbox_file, num_keypoints and
             bbox_score_thr (ValueError otherwise).
+        dataset_info: the skeleton: a `DatasetInfo` or anything `vitpose.data.dataset_info`
+            reads (a built-in name, a skeleton YAML, a COCO annotation file). None: COCO-17.
+            K, the annotation format, the flip indices and the half-body sets come from it.
+        num_keypoints, flip_indices: older spellings of the skeleton's K and flip indices; when
+            given they must agree with the skeleton (ValueError otherwise).
     """
 
     def __init__(self, ann_file, img_dir, train=False, bbox_file=None, input_size=(192, 256),
                  heatmap_size=(48, 64), sigma=2.0, seed=0, encode_targets=True,
                  bbox_score_thr=0.0, max_bad_images=10, reduced_decode=False, photometric=None,
-                 num_keypoints=NUM_KEYPOINTS, flip_indices=FLIP_INDICES, crop_cache=None,
-                 index: CocoIndex | None = None):
+                 num_keypoints=None, flip_indices=None, crop_cache=None,
+                 index: CocoIndex | None = None, dataset_info: DatasetInfo | str | None = None):
         if train and bbox_file is not None:
             raise ValueError("bbox_file is for validation; training uses the GT boxes")
         if crop_cache is not None and not train:
@@ -90,8 +98,9 @@ class CocoKeypoints(Dataset):
         self.bbox_score_thr = float(bbox_score_thr)
         self.max_bad_images = int(max_bad_images)
         self.reduced_decode = bool(reduced_decode)
-        self.num_keypoints = int(num_keypoints)
-        self.flip_indices = tuple(flip_indices)
+        self.dataset_info = resolve_skeleton(dataset_info, num_keypoints, flip_indices)
+        self.num_keypoints = self.dataset_info.num_keypoints
+        self.flip_indices = self.dataset_info.flip_indices
         self.epoch = 0
         self.bad_images = 0  # per process: each loader worker counts its own
         self.crop_cache_misses = 0  # per process: crops the cache could not serve (decoded)
@@ -99,7 +108,8 @@ class CocoKeypoints(Dataset):
         # The codec draws the heatmaps (encode_targets) or, without them, gives the weights.
         self._codec = UDPHeatmap(self.input_size, self.heatmap_size, self.sigma)
         if index is None:
-            index = build_coco_index(self.ann_file, self.bbox_file, self.num_keypoints, self.bbox_score_thr)
+            index = build_coco_index(self.ann_file, self.bbox_file, self.num_keypoints, self.bbox_score_thr,
+                                     dataset_info=self.dataset_info, img_dir=self.img_dir)
         else:
             self._check_index(index)
         self.index = index
@@ -116,7 +126,8 @@ class CocoKeypoints(Dataset):
 
         want_thr = 0.0 if self.bbox_file is None else self.bbox_score_thr
         if not (same(index.ann_file, self.ann_file) and same(index.bbox_file, self.bbox_file)
-                and index.num_keypoints == self.num_keypoints and index.bbox_score_thr == want_thr):
+                and index.num_keypoints == self.num_keypoints and index.bbox_score_thr == want_thr
+                and index.annotation_format == self.dataset_info.annotation_format):
             raise ValueError(
                 f"the index was built from {index.ann_file} (bbox_file={index.bbox_file}, "
                 f"K={index.num_keypoints}, bbox_score_thr={index.bbox_score_thr}), not from "
@@ -187,9 +198,15 @@ class CocoKeypoints(Dataset):
             "center": torch.from_numpy(np.asarray(center, np.float32).copy()),
             "scale": torch.from_numpy(np.asarray(scale_fixed, np.float32).copy()),
             "bbox_score": float(ix.bbox_score[i]),
+            "category_id": int(ix.category_ids[i]),
             "bbox": torch.from_numpy(bbox_xyxy2xywh(ix.bbox_xyxy[i])),
             "area": float(np.float32(scale_fixed[0]) * np.float32(scale_fixed[1])),
         }
+
+    def target_weights(self, keypoints, keypoints_visible):
+        """(K,) keypoint weights of the UDP targets of crop keypoints (K, 2), without heatmaps."""
+        return self._codec.keypoint_weights(np.asarray(keypoints)[None],
+                                            np.asarray(keypoints_visible, np.float32)[None])[0]
 
     def targets(self, keypoints, keypoints_visible):
         """UDP targets of crop keypoints (K, 2): "keypoint_weights" (K,), and "heatmaps"
@@ -249,7 +266,9 @@ class CocoKeypoints(Dataset):
         kpts, vis = ix.keypoints[i].copy(), ix.keypoints_visible[i].copy()
         flipped, center, kpts, vis = T.random_flip(rng, center, kpts, vis, width,
                                                    flip_indices=self.flip_indices)
-        center, scale, part = T.random_half_body(rng, center, scale, kpts, vis)
+        info = self.dataset_info
+        center, scale, part = T.random_half_body(rng, center, scale, kpts, vis, upper_body_ids=info.upper_body_ids,
+                                                 lower_body_ids=info.lower_body_ids)
         center, scale, rotation = T.random_bbox_transform(rng, center, scale)
         scale_fixed, matrix = T.crop_geometry(center, scale, rotation, self.input_size)
         return {"flipped": flipped, "half_body": part, "center": center, "scale": scale,
@@ -299,6 +318,22 @@ class CocoKeypoints(Dataset):
         sample["keypoints_visible"] = torch.from_numpy(vis)
         sample.update(self.targets(kpts, vis))
         return sample
+
+
+def resolve_skeleton(dataset_info=None, num_keypoints=None, flip_indices=None) -> DatasetInfo:
+    """The dataset's skeleton from `dataset_info` (None: COCO-17), checked against the older
+    `num_keypoints` / `flip_indices` arguments when those are given."""
+    info = load_dataset_info("coco" if dataset_info is None else dataset_info)
+    if num_keypoints is not None and int(num_keypoints) != info.num_keypoints:
+        if dataset_info is None:
+            raise ValueError(f"num_keypoints={num_keypoints}: a dataset of other than COCO's 17 keypoints needs "
+                             "dataset_info= (its flip pairs and half-body sets; see vitpose.data.dataset_info)")
+        raise ValueError(f"num_keypoints={num_keypoints} but the skeleton {info.name!r} ({info.source}) has "
+                         f"{info.num_keypoints} keypoints")
+    if flip_indices is not None and tuple(int(i) for i in flip_indices) != info.flip_indices:
+        raise ValueError(f"flip_indices={list(flip_indices)} differ from the skeleton {info.name!r}'s "
+                         f"{list(info.flip_indices)}; give the skeleton through dataset_info=")
+    return info
 
 
 def image_tensor(crop_bgr):

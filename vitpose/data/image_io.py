@@ -101,4 +101,32 @@ def load_image(path, record=None, reduce: int = 1, expected_size=None):
     return decode_image(buf, path, record, reduce, expected_size), reduce
 
 
-__all__ = ["read_bytes", "check_complete", "decode_image", "load_image", "is_jpeg"]
+# EXIF orientations that rotate by 90 degrees: OpenCV applies them on decoding, so the decoded
+# image is the header's size transposed.
+_EXIF_ORIENTATION = 0x0112
+_TRANSPOSING_ORIENTATIONS = (5, 6, 7, 8)
+
+
+def read_image_size(path, record=None) -> tuple[int, int]:
+    """(width, height) of the image OpenCV would decode, read from the file's header only.
+
+    For annotation formats without image sizes (MPII). Pillow reads the header lazily (no pixel
+    decoding); an EXIF orientation that turns the image by 90 degrees swaps the two, as OpenCV's
+    IMREAD_COLOR applies it.
+    """
+    from PIL import Image, UnidentifiedImageError  # noqa: PLC0415 - only the MPII format needs it
+
+    try:
+        with Image.open(path) as img:
+            width, height = img.size
+            orientation = img.getexif().get(_EXIF_ORIENTATION, 1)
+    except FileNotFoundError:
+        raise DataError("image file not found", file=path, record=record, field="image") from None
+    except (UnidentifiedImageError, OSError) as e:
+        raise DataError(f"image header unreadable: {e}", file=path, record=record, field="image") from None
+    if orientation in _TRANSPOSING_ORIENTATIONS:
+        width, height = height, width
+    return int(width), int(height)
+
+
+__all__ = ["read_bytes", "check_complete", "decode_image", "load_image", "is_jpeg", "read_image_size"]

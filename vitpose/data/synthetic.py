@@ -46,6 +46,14 @@ Files
   boxes (a few % jitter, scores that fall with truncation/occlusion, a few missed people) plus
   low-score false positives.
 
+Other skeletons
+---------------
+``make_coco(..., dataset_info=info)`` labels the same people with another skeleton whose keypoints
+are named like COCO's (any subset, in any order: e.g. a 5-point head/wrists/ankles skeleton):
+the images and boxes are the COCO set's, the annotations hold just those keypoints, and
+``categories[0]`` lists their names and the skeleton's limbs (1-based). Then a model of K != 17
+can be trained and evaluated end to end on a CPU (configs/demo_k5.yaml).
+
 Everything is a pure function of (seed, split, image index, arguments): the same call writes the
 same bytes, and the first n images of a larger set are the n images of a smaller one.
 """
@@ -440,8 +448,10 @@ def image_rng(seed: int, split: str, index: int) -> np.random.Generator:
 
 
 def _detections(rng: np.random.Generator, image_id: int, bboxes: np.ndarray, num_visible: np.ndarray,
-                width: int, height: int) -> list[dict]:
-    """Detector-like boxes for one image: jittered GT boxes and some low-score false positives."""
+                width: int, height: int, num_keypoints: int = NUM_KEYPOINTS) -> list[dict]:
+    """Detector-like boxes for one image: jittered GT boxes and some low-score false positives.
+
+    num_visible: each person's labelled keypoints, of num_keypoints."""
     dets = []
     for box, n in zip(bboxes, num_visible):
         x, y, w, h = box
@@ -450,7 +460,7 @@ def _detections(rng: np.random.Generator, image_id: int, bboxes: np.ndarray, num
         cx = x + w / 2 + rng.normal(0, 0.03) * w
         cy = y + h / 2 + rng.normal(0, 0.03) * h
         w, h = w * np.exp(rng.normal(0, 0.04)), h * np.exp(rng.normal(0, 0.04))
-        score = rng.uniform(0.75, 1.0) * (0.55 + 0.45 * n / NUM_KEYPOINTS)
+        score = rng.uniform(0.75, 1.0) * (0.55 + 0.45 * n / num_keypoints)
         dets.append(_det_record(image_id, cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2, score, width, height))
     for _ in range(int(rng.poisson(FALSE_POSITIVES_PER_IMAGE))):
         w, h = rng.uniform(0.1, 0.4) * width, rng.uniform(0.2, 0.7) * height
@@ -467,10 +477,21 @@ def _det_record(image_id, x0, y0, x1, y1, score, width, height) -> dict:
             "score": round(float(score), 4)}
 
 
-def _person_category() -> dict:
+def _person_category(names=KEYPOINT_NAMES, skeleton=SKELETON) -> dict:
     return {"supercategory": "person", "id": PERSON_CATEGORY_ID, "name": "person",
-            "keypoints": list(KEYPOINT_NAMES),
-            "skeleton": [[a + 1, b + 1] for a, b in SKELETON]}
+            "keypoints": list(names),
+            "skeleton": [[a + 1, b + 1] for a, b in skeleton]}
+
+
+def keypoint_columns(dataset_info) -> list[int]:
+    """The COCO-17 column of each keypoint of a skeleton named with COCO's names (None: all 17)."""
+    if dataset_info is None:
+        return list(range(NUM_KEYPOINTS))
+    unknown = [n for n in dataset_info.keypoint_names if n not in K]
+    if unknown:
+        raise ValueError(f"make_coco draws COCO's people: the skeleton {dataset_info.name!r} names keypoints it "
+                         f"cannot place ({', '.join(unknown)}); use names from {', '.join(KEYPOINT_NAMES)}")
+    return [K[n] for n in dataset_info.keypoint_names]
 
 
 def _write_json(path: Path, obj) -> None:
@@ -480,16 +501,19 @@ def _write_json(path: Path, obj) -> None:
 
 
 def make_coco(root, num_images: int, seed: int, split: str = "train", image_size=(320, 240),
-              max_people: int = 4, jpeg_quality: int = 90) -> SyntheticCoco:
+              max_people: int = 4, jpeg_quality: int = 90, dataset_info=None) -> SyntheticCoco:
     """Writes a synthetic COCO keypoint split under `root` in MMPose's layout; returns the paths.
 
     `image_size` is (width, height). Image ids run 1..num_images; file names are the id in 12
     digits. Same arguments -> same bytes.
+    dataset_info: a `DatasetInfo` whose keypoints are named like COCO's (a subset, any order):
+        the annotations hold those keypoints only (see "Other skeletons" above). None: COCO-17.
     """
     if num_images < 1:
         raise ValueError(f"make_coco: num_images must be >= 1, got {num_images}")
     if not 1 <= max_people <= len(PEOPLE_PER_IMAGE_P):
         raise ValueError(f"make_coco: max_people must be in 1..{len(PEOPLE_PER_IMAGE_P)}, got {max_people}")
+    columns = keypoint_columns(dataset_info)
     width, height = (int(s) for s in image_size)
     if width < 32 or height < 32:
         raise ValueError(f"make_coco: image_size (width, height) must be at least 32x32, got {image_size}")
@@ -511,8 +535,9 @@ def make_coco(root, num_images: int, seed: int, split: str = "train", image_size
         (img_dir / file_name).write_bytes(jpg.tobytes())
         images.append({"id": image_id, "file_name": file_name, "width": width, "height": height})
 
-        num_visible = (sample.keypoints[:, :, 2] > 0).sum(1)
-        for kp, box, n in zip(sample.keypoints, sample.bboxes, num_visible):
+        labels = sample.keypoints[:, columns]
+        num_visible = (labels[:, :, 2] > 0).sum(1)
+        for kp, box, n in zip(labels, sample.bboxes, num_visible):
             if box[2] < 1 or box[3] < 1:  # entirely outside the image: not a person in it
                 continue
             flat = kp.copy()
@@ -527,7 +552,7 @@ def make_coco(root, num_images: int, seed: int, split: str = "train", image_size
                 "num_keypoints": int(n),
                 "keypoints": [int(c) if j % 3 == 2 else float(c) for j, c in enumerate(flat.reshape(-1))],
             })
-        detections += _detections(rng, image_id, sample.bboxes, num_visible, width, height)
+        detections += _detections(rng, image_id, sample.bboxes, num_visible, width, height, len(columns))
 
     ann_file = ann_dir / f"person_keypoints_{split}2017.json"
     det_file = det_dir / f"{split}_detections.json"
@@ -536,7 +561,8 @@ def make_coco(root, num_images: int, seed: int, split: str = "train", image_size
         "licenses": [],
         "images": images,
         "annotations": annotations,
-        "categories": [_person_category()],
+        "categories": [_person_category() if dataset_info is None else
+                       _person_category(dataset_info.keypoint_names, dataset_info.skeleton)],
     })
     _write_json(det_file, detections)
     return SyntheticCoco(root=root, ann_file=ann_file, img_dir=img_dir, det_file=det_file)

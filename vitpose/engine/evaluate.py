@@ -44,6 +44,8 @@ def _batch_meta(batch: dict) -> dict:
     }
     if "bbox" in batch:
         meta["bbox"] = _numpy(batch["bbox"], np.float64)
+    if "category_id" in batch:  # AP-10K: one category per animal family, scored per category
+        meta["category_id"] = _numpy(batch["category_id"]).astype(np.int64)
     return meta
 
 
@@ -58,6 +60,8 @@ def _decode(heatmaps: torch.Tensor, ready, meta: dict, codec) -> list[dict]:
                 "bbox_score": float(meta["bbox_score"][i]), "area": float(meta["area"][i])}
         if "bbox" in meta:
             pred["bbox"] = meta["bbox"][i]
+        if "category_id" in meta:
+            pred["category_id"] = int(meta["category_id"][i])
         predictions.append(pred)
     return predictions
 

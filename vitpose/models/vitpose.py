@@ -87,10 +87,15 @@ def build_model(name, decoder="classic", num_keypoints=17, **kwargs):
 def flip_test(model, x, flip_indices=None):
     """Average of model(x) and the heatmaps of the mirrored crop flipped back (no 1-px shift).
 
-    Both crops run as one batch; `flip_indices` (None: COCO-17) reorders left/right channels.
+    Both crops run as one batch; `flip_indices` (None: COCO-17) reorders left/right channels:
+    one entry per heatmap channel (a dataset's `DatasetInfo.flip_indices`).
     """
     flip_indices = list(FLIP_INDICES if flip_indices is None else flip_indices)
     heatmaps, flipped = model(torch.cat([x, x.flip(-1)])).chunk(2)
+    if len(flip_indices) != heatmaps.shape[1]:
+        raise ValueError(f"flip_test: the model predicts {heatmaps.shape[1]} heatmaps but {len(flip_indices)} flip "
+                         "indices were given (None means COCO's 17): pass the skeleton's, e.g. "
+                         "vitpose.data.dataset_info(name).flip_indices")
     return (heatmaps + flipped.flip(-1)[:, flip_indices]) * 0.5
 
 
