@@ -107,7 +107,7 @@ def video(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tracked(predictor, video, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tracked")
-    args = options(tmp, out=str(tmp / "drawn"), track=True)
+    args = options(tmp, out=str(tmp / "drawn"), track=True, pipeline="threads")
     summary = run_video(predictor, str(video), args, detector=blob_detector)
     return summary, json.loads((tmp / "poses.json").read_text()), tmp
 
@@ -155,7 +155,7 @@ def test_json_keypoints_equal_predictor_on_the_same_boxes(tracked, predictor, vi
 
 def test_sequential_pipeline_and_torch_warp_give_the_same_json(tracked, predictor, video, tmp_path):
     _, threaded, _ = tracked
-    args = options(tmp_path, track=True, pipeline="sequential", gpu_warp=True, batch_frames=5)
+    args = options(tmp_path, track=True, gpu_warp=True, batch_frames=5)  # auto: sequential on the CPU
     summary = run_video(predictor, str(video), args, detector=blob_detector)
     assert summary.pipeline == "sequential" and summary.frames_done == NUM_FRAMES
     assert json.loads((tmp_path / "poses.json").read_text()) == threaded
@@ -167,6 +167,7 @@ def test_stage_times_and_summary_text(tracked):
         assert summary.stage_seconds[stage] > 0, stage
     text = summary.format()
     assert "12 frames, 24 people, 2 tracks" in text and "frames/s" in text and "stage time: decode" in text
+    assert "threads pipeline" in text
 
 
 def corrupt_frame(path, frame_index):
@@ -265,6 +266,8 @@ def test_bad_sources_and_boxes_are_named(predictor, tmp_path):
     not_video.write_text("not a video")
     with pytest.raises(ValueError, match="notes.mp4: OpenCV cannot open this file as a video"):
         FrameReader(str(not_video))
+    with pytest.raises(ValueError, match="webcam 99: camera could not be opened"):
+        FrameReader("99")
     video = write_video(tmp_path / "ok.mp4", "mp4v", frames=2)
     with pytest.raises(ValueError, match="--detector none needs --boxes"):
         run_video(predictor, str(video), options(tmp_path, detector="none"))
@@ -283,7 +286,8 @@ def test_a_failing_detector_stops_the_threads_and_raises(predictor, video, tmp_p
     def broken(images):
         raise RuntimeError("detector exploded")
     with pytest.raises(RuntimeError, match="detector exploded"):
-        run_video(predictor, str(video), options(tmp_path, out=str(tmp_path / "o")), detector=broken)
+        run_video(predictor, str(video), options(tmp_path, out=str(tmp_path / "o"), pipeline="threads"),
+                  detector=broken)
 
 
 def test_cli_predict_video_with_track(predictor, video, tmp_path):
@@ -303,3 +307,22 @@ def test_cli_predict_video_with_track(predictor, video, tmp_path):
     assert {r["track_id"] for r in records} == {0}
     frames, count, fps = read_video(tmp_path / "cli_out" / "walk.mp4")
     assert len(frames) == NUM_FRAMES and fps == pytest.approx(FPS)
+
+
+@pytest.mark.parametrize("pipeline", ["threads", "sequential"])
+def test_ctrl_c_ends_the_outputs_cleanly(predictor, video, tmp_path, pipeline):
+    calls = []
+
+    def interrupted_on_the_second_batch(images):
+        calls.append(len(images))
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return blob_detector(images)
+
+    args = options(tmp_path, out=str(tmp_path / "o"), pipeline=pipeline, batch_frames=4, track=True)
+    summary = run_video(predictor, str(video), args, detector=interrupted_on_the_second_batch)
+    assert summary.interrupted and summary.frames_done == 4
+    assert sorted({r["frame"] for r in json.loads((tmp_path / "poses.json").read_text())}) == [0, 1, 2, 3]
+    frames, _, _ = read_video(tmp_path / "o" / "walk.mp4")
+    assert len(frames) == 4
+    assert "stopped by the user after 4 frames" in summary.format()

@@ -1,18 +1,23 @@
 """Poses on a video file or a webcam: `run_video(predictor, source, args) -> VideoSummary`.
 
-`vitpose predict video.mp4` (and `vitpose predict 0` for webcam 0) land here. Three stages
-overlap, joined by bounded queues (so memory stays flat on any video length):
+`vitpose predict video.mp4` (and `vitpose predict 0` for webcam 0) land here. The work per batch
+of frames: decode (OpenCV VideoCapture, BGR -> RGB), detect (one detector call for the batch),
+crop (OpenCV on the CPU; `vitpose.warp_torch` on the model's GPU, bit-equal), pose (the crops of
+all the frames of the batch through the model together), decode heatmaps, then in frame order
+track / smooth, JSON records, draw, write the video.
 
-    reader thread   decode frames (OpenCV VideoCapture), BGR -> RGB
-    main thread     per batch of frames: detect (one detector call), crop (OpenCV on the CPU;
-                    `vitpose.warp_torch` on the model's GPU), pose (the crops of all the frames of
-                    the batch through the model together), decode heatmaps
-    writer thread   track / smooth (in frame order), JSON records, draw, write the video
-
-OpenCV's decoder, warps and drawing and torch's kernels release the GIL, so threads overlap real
-work; processes would have to copy every frame between them. `pipeline="sequential"` runs the
-same steps one after another (the measurement behind this choice is in benchmarks/bench_predict.py
---video and the report of issue #12).
+Two schedules run these steps (`args.pipeline`):
+- "threads": a reader thread decodes ahead, the main thread detects and runs the model, a writer
+  thread tracks, draws and writes; bounded queues between them keep memory flat on any length.
+  OpenCV's decoder, warps and drawing and torch's kernels release the GIL, so the stages overlap;
+  processes would have to copy every frame between them. This pays when the model runs on a GPU
+  (the CPU is otherwise idle while the GPU computes).
+- "sequential": the same steps one after another in one thread.
+- "auto" (default): threads when the model is on CUDA, sequential on the CPU. Measured on the
+  2-core CPU of this project (benchmarks/bench_predict.py --pipeline): the model already uses
+  both cores, so the extra threads only contend with torch's (threads 0.91x sequential with the
+  demo model, where decoding, cropping, drawing and writing are 15% of the time; 1.0x with
+  ViTPose-S, where the model is 96-99% of it).
 
 Bad input: a missing or unreadable source raises (naming it). A frame that fails to decode is
 counted, skipped (no JSON records; the drawn video repeats the previous frame so that it keeps the
@@ -482,13 +487,13 @@ class _Failure:
         self.error = error
 
 
-def _put(q: queue.Queue, item, stop: threading.Event) -> None:
+def _put(q: queue.Queue, item, *stops: threading.Event) -> None:
     while True:
         try:
             q.put(item, timeout=0.1)
             return
         except queue.Full:
-            if stop.is_set():
+            if any(stop.is_set() for stop in stops):
                 raise _Stop from None
 
 
@@ -596,7 +601,7 @@ def run_video(predictor, source, args, detector=None) -> VideoSummary:
             `smooth`, `no_flip`, `detector` ("full-frame", "none", or a name: the predictor's
             detector), `boxes` (a detection-results JSON keyed by `frame`); `device` is the
             predictor's already. Extra knobs: `batch_frames` (frames per model batch; default 8,
-            1 for a camera), `pipeline` ("threads" | "sequential"), `gpu_warp` (None = crops
+            1 for a camera), `pipeline` ("auto" | "threads" | "sequential"), `gpu_warp` (None = crops
             warped on the GPU when the model runs there), `progress` (default True),
             `quiet` (no summary print), `tracker_options` / `smooth_options` (dicts for
             `vitpose.tracking.Tracker` / `KeypointSmoother`).
@@ -610,9 +615,11 @@ def run_video(predictor, source, args, detector=None) -> VideoSummary:
     summary = VideoSummary(source=reader.name, fps=reader.fps, frame_count=reader.frame_count)
     if not reader.fps_declared:
         summary.notes.append(f"the source gives no frame rate: {DEFAULT_FPS:g} frames/s assumed")
-    pipeline = getattr(args, "pipeline", None) or "threads"
-    if pipeline not in ("threads", "sequential"):
-        raise ValueError(f"pipeline must be 'threads' or 'sequential', got {pipeline!r}")
+    pipeline = getattr(args, "pipeline", None) or "auto"
+    if pipeline not in ("auto", "threads", "sequential"):
+        raise ValueError(f"pipeline must be 'auto', 'threads' or 'sequential', got {pipeline!r}")
+    if pipeline == "auto":
+        pipeline = "threads" if predictor.device.type == "cuda" else "sequential"
     summary.pipeline = pipeline
     if getattr(args, "json", None):
         summary.json_path = str(args.json)
@@ -664,8 +671,11 @@ def run_video(predictor, source, args, detector=None) -> VideoSummary:
 
 
 def _run_threads(reader: FrameReader, process, writer: _Writer, batch_frames: int) -> None:
-    """Reader thread -> (main) detect, crop, pose -> writer thread, with bounded queues."""
-    stop = threading.Event()
+    """Reader thread -> (main) detect, crop, pose -> writer thread, with bounded queues.
+
+    An error in any stage stops all three and is raised here. Ctrl-C stops the reader; the writer
+    still writes what the model has finished, so the outputs end cleanly at a frame."""
+    abort = threading.Event()
     frames_q: queue.Queue = queue.Queue(maxsize=2 * batch_frames)
     results_q: queue.Queue = queue.Queue(maxsize=2 * batch_frames)
     errors: list[BaseException] = []
@@ -673,18 +683,18 @@ def _run_threads(reader: FrameReader, process, writer: _Writer, batch_frames: in
     def read():
         try:
             for frame in reader:
-                _put(frames_q, frame, stop)
-            _put(frames_q, _END, stop)
+                _put(frames_q, frame, abort, reader.stop)
+            _put(frames_q, _END, abort, reader.stop)
         except _Stop:
             pass
-        except BaseException as e:  # handed to the main thread, which re-raises it
+        except BaseException as e:  # handed to the main thread, which raises it
             errors.append(e)
-            stop.set()
+            abort.set()
 
     def write():
         try:
             while True:
-                item = _get(results_q, stop)
+                item = _get(results_q, abort)
                 if item is _END:
                     return
                 writer(item)
@@ -692,7 +702,7 @@ def _run_threads(reader: FrameReader, process, writer: _Writer, batch_frames: in
             pass
         except BaseException as e:
             errors.append(e)
-            stop.set()
+            abort.set()
 
     threads = [threading.Thread(target=read, name="vitpose-read", daemon=True),
                threading.Thread(target=write, name="vitpose-write", daemon=True)]
@@ -701,25 +711,34 @@ def _run_threads(reader: FrameReader, process, writer: _Writer, batch_frames: in
 
     def frames():
         while True:
-            item = _get(frames_q, stop)
+            item = _get(frames_q, abort)
             if item is _END:
                 return
             yield item
 
+    interrupted = False
     try:
         for batch in _batches(frames(), batch_frames):
             for poses in process(batch):
-                _put(results_q, poses, stop)
-        _put(results_q, _END, stop)
+                _put(results_q, poses, abort)
     except _Stop:
         pass
+    except KeyboardInterrupt:
+        interrupted = True
     except BaseException:
-        stop.set()
+        abort.set()
         raise
     finally:
         reader.stop.set()
+        if not abort.is_set():
+            try:
+                _put(results_q, _END, abort)  # the writer finishes what is queued, then ends
+            except _Stop:
+                pass
         for t in threads:
             while t.is_alive():
                 t.join(timeout=0.1)
     if errors:
         raise errors[0]
+    if interrupted:
+        raise KeyboardInterrupt
