@@ -33,6 +33,7 @@ JSON (`args.json`): COCO results format with `frame` (0-based frame index) in pl
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -131,6 +132,8 @@ class FrameReader:
                 start = time.perf_counter()
                 ok, bgr = self.capture.read()
                 good = ok and bgr is not None and bgr.ndim == 3 and bgr.shape[2] == 3
+                if good and self.frames_decoded == 0:
+                    self.size = (bgr.shape[1], bgr.shape[0])  # what the container said may be 0x0
                 if good and (bgr.shape[1], bgr.shape[0]) != self.size:
                     self.wrong_size.append(index)  # cannot go into a video of the first size
                     good = False
@@ -250,16 +253,13 @@ class StageTimer:
     def add(self, stage: str, seconds: float) -> None:
         self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
 
+    @contextlib.contextmanager
     def time(self, stage: str):
-        timer = self
-
-        class _Span:
-            def __enter__(self):
-                self.start = time.perf_counter()
-
-            def __exit__(self, *exc):
-                timer.add(stage, time.perf_counter() - self.start)
-        return _Span()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(stage, time.perf_counter() - start)
 
 
 @dataclass
@@ -521,14 +521,10 @@ class _Writer:
         self.smoother = (KeypointSmoother(reader.fps, **(getattr(args, "smooth_options", None) or {}))
                          if smooth else None)
         self.video = None
-        self.video_path = None
-        if getattr(args, "out", None):
-            self.video_path = output_video_path(args.out, reader)
-            self.video = open_video_writer(self.video_path, reader.fps, reader.size)
-            summary.video_path = str(self.video_path)
+        self.video_path = output_video_path(args.out, reader) if getattr(args, "out", None) else None
+        self.fps = reader.fps
         self.next_index = 0  # the next source frame the video needs
         self.last_drawn = None
-        self.size = reader.size
 
     def __call__(self, poses: FramePoses) -> None:
         if self.tracker is not None:
@@ -540,11 +536,15 @@ class _Writer:
                     poses.track_ids = ids
         if self.records is not None:
             self.records.extend(frame_records(poses))
-        if self.video is not None:
+        if self.video_path is not None:
+            if self.video is None:  # opened at the first frame, with its size
+                height, width = poses.frame.bgr.shape[:2]
+                self.video = open_video_writer(self.video_path, self.fps, (width, height))
+                self.summary.video_path = str(self.video_path)
             with self.timer.time("draw"):
                 drawn = draw_frame(poses)
             with self.timer.time("write"):
-                self._write_until(poses.frame.index)
+                self._write_until(poses.frame.index, drawn)
                 self.video.write(drawn)
             self.last_drawn = drawn
             self.summary.frames_written += 1
@@ -554,11 +554,11 @@ class _Writer:
         if self.progress is not None:
             self.progress.update(1)
 
-    def _write_until(self, index: int) -> None:
-        # frames that failed to decode: repeat the previous picture so the video keeps its timing
+    def _write_until(self, index: int, like: np.ndarray) -> None:
+        # frames that failed to decode: repeat the previous picture (black before the first one)
+        # so that the video keeps the source's frame count and timing
         while self.next_index < index:
-            filler = self.last_drawn if self.last_drawn is not None else np.zeros(
-                (self.size[1], self.size[0], 3), np.uint8)
+            filler = self.last_drawn if self.last_drawn is not None else np.zeros_like(like)
             self.video.write(filler)
             self.summary.frames_written += 1
             self.next_index += 1
