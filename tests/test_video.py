@@ -117,6 +117,7 @@ def test_video_out_has_the_source_frame_count_and_rate(tracked, video):
     frames, count, fps = read_video(tmp / "drawn" / "walk.mp4")
     assert summary.video_path == str(tmp / "drawn" / "walk.mp4")
     assert len(frames) == count == NUM_FRAMES and summary.frames_written == NUM_FRAMES
+    assert summary.exit_status == 0
     assert fps == pytest.approx(FPS)
     assert frames[0].shape == (SIZE[1], SIZE[0], 3)
     source, _, _ = read_video(video)
@@ -193,6 +194,7 @@ def test_corrupt_frame_is_counted_skipped_and_said(predictor, tmp_path):
     assert len(frames) == NUM_FRAMES and fps == pytest.approx(FPS)  # frame 5 repeats frame 4
     np.testing.assert_array_equal(frames[5], frames[4])
     assert "1 frame(s) failed to decode and were skipped: 5" in summary.format()
+    assert summary.exit_status == 1
 
 
 def test_video_that_ends_early_is_said(predictor, tmp_path):
@@ -271,8 +273,10 @@ def test_bad_sources_and_boxes_are_named(predictor, tmp_path):
     video = write_video(tmp_path / "ok.mp4", "mp4v", frames=2)
     with pytest.raises(ValueError, match="--detector none needs --boxes"):
         run_video(predictor, str(video), options(tmp_path, detector="none"))
-    with pytest.raises(ValueError, match="not attached to this predictor"):
+    with pytest.raises(ValueError, match="no person detector: this predictor has none attached"):
         run_video(predictor, str(video), options(tmp_path, detector="default"))
+    with pytest.raises(ValueError, match="frames per batch must be >= 1"):
+        run_video(predictor, str(video), options(tmp_path, detector="full-frame", batch_frames=0))
     bad = tmp_path / "bad_boxes.json"
     bad.write_text(json.dumps([{"frame": 0, "bbox": [1, 2, 3, 4]}, {"frame": 1, "bbox": [1, 2, 0, 4]}]))
     with pytest.raises(ValueError, match=r"bad_boxes.json: record 1: field 'bbox' has zero or negative"):

@@ -211,9 +211,10 @@ def box_source(predictor, args, detector=None) -> Callable:
     """frames (list of Frame) -> list of (boxes xyxy (M, 4), scores (M,)), by the arguments.
 
     `args.boxes` (a file) wins; then `args.detector == "full-frame"` (one box per frame, score 1);
-    then the detector: the `detector` argument, else `predictor.detector` (what
-    `Predictor.from_pretrained(..., detector=NAME)` attaches), called on the RGB frames of a
-    batch at once. `--detector none` needs `--boxes`.
+    `args.detector == "none"` needs `args.boxes`. Otherwise the detector: the `detector` argument,
+    else `predictor.detector` (what `Predictor.from_pretrained(..., detector=NAME)` attaches: a
+    callable `detector(rgb_images) -> [(boxes xyxy, scores), ...]`), called on the RGB frames of
+    a batch at once.
     """
     boxes_file = getattr(args, "boxes", None)
     name = getattr(args, "detector", None)
@@ -223,13 +224,13 @@ def box_source(predictor, args, detector=None) -> Callable:
     if name == "full-frame":
         return lambda frames: [(np.array([[0.0, 0.0, f.rgb.shape[1], f.rgb.shape[0]]]), np.ones(1))
                                for f in frames]
-    if name in (None, "none") and detector is None:
+    if name == "none":
         raise ValueError("no person boxes: --detector none needs --boxes FILE.json "
                          "(or use --detector full-frame for a single-person clip)")
     detector = detector if detector is not None else getattr(predictor, "detector", None)
     if not callable(detector):
-        raise ValueError(f"detector {name!r} is not attached to this predictor (build it with "
-                         f"Predictor.from_pretrained(..., detector={name!r}))")
+        raise ValueError(f"no person detector: this predictor has none attached (build it with "
+                         f"Predictor.from_pretrained(..., detector={name or 'default'!r})), or give --boxes")
 
     def detect(frames):
         results = detector([f.rgb for f in frames])
@@ -378,11 +379,11 @@ def _track_colour(track_id: int) -> tuple[int, int, int]:
     return tuple(int(v) for v in bgr)
 
 
-def draw_frame(poses: FramePoses) -> np.ndarray:
-    """The BGR frame with boxes (and track ids) and skeletons."""
+def draw_frame(poses: FramePoses, keypoint_thr: float = 0.3) -> np.ndarray:
+    """The BGR frame with boxes (and track ids) and skeletons (keypoints scoring above thr)."""
     canvas = poses.frame.bgr
     if len(poses.boxes):
-        canvas = draw_pose(canvas, poses.keypoints, poses.keypoint_scores, channels="bgr")
+        canvas = draw_pose(canvas, poses.keypoints, poses.keypoint_scores, thr=keypoint_thr, channels="bgr")
     else:
         canvas = canvas.copy()
     thickness = max(1, max(canvas.shape[:2]) // 400)
@@ -439,6 +440,12 @@ class VideoSummary:
     pipeline: str = "threads"
     interrupted: bool = False
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def exit_status(self) -> int:
+        """0, or 1 when frames failed to decode or the video ended early (as `vitpose predict`
+        exits 1 when it skipped unreadable images)."""
+        return 1 if (self.skipped or self.missing_at_end) else 0
 
     @property
     def frames_per_second(self) -> float:
@@ -523,6 +530,7 @@ class _Writer:
         self.video = None
         self.video_path = output_video_path(args.out, reader) if getattr(args, "out", None) else None
         self.fps = reader.fps
+        self.keypoint_thr = float(getattr(args, "keypoint_threshold", None) or 0.3)
         self.next_index = 0  # the next source frame the video needs
         self.last_drawn = None
 
@@ -542,7 +550,7 @@ class _Writer:
                 self.video = open_video_writer(self.video_path, self.fps, (width, height))
                 self.summary.video_path = str(self.video_path)
             with self.timer.time("draw"):
-                drawn = draw_frame(poses)
+                drawn = draw_frame(poses, self.keypoint_thr)
             with self.timer.time("write"):
                 self._write_until(poses.frame.index, drawn)
                 self.video.write(drawn)
@@ -600,15 +608,17 @@ def run_video(predictor, source, args, detector=None) -> VideoSummary:
             `out` (a folder for <stem>.mp4, or a .mp4/.avi path), `json` (a path), `track`,
             `smooth`, `no_flip`, `detector` ("full-frame", "none", or a name: the predictor's
             detector), `boxes` (a detection-results JSON keyed by `frame`); `device` is the
-            predictor's already. Extra knobs: `batch_frames` (frames per model batch; default 8,
-            1 for a camera), `pipeline` ("auto" | "threads" | "sequential"), `gpu_warp` (None = crops
-            warped on the GPU when the model runs there), `progress` (default True),
-            `quiet` (no summary print), `tracker_options` / `smooth_options` (dicts for
-            `vitpose.tracking.Tracker` / `KeypointSmoother`).
+            predictor's already. Extra knobs: `batch_frames` (frames per model batch; default
+            `batch_images` or 8, 1 for a camera), `pipeline` ("auto" | "threads" | "sequential"),
+            `gpu_warp` (None = crops warped on the GPU when the model runs there), `progress`
+            (default True), `quiet` (no summary print), `keypoint_threshold` (drawing; default
+            0.3), `tracker_options` / `smooth_options` (dicts of `vitpose.tracking.Tracker` /
+            `KeypointSmoother` arguments).
         detector: a callable `detector(list of RGB frames) -> list of (boxes xyxy, scores)`
             that overrides `predictor.detector`.
     Returns:
-        a `VideoSummary` (also printed to stderr unless `args.quiet`).
+        a `VideoSummary` (also printed to stderr unless `args.quiet`); a command returns its
+        `exit_status`.
     """
     started = time.perf_counter()
     reader = FrameReader(source)
@@ -623,7 +633,12 @@ def run_video(predictor, source, args, detector=None) -> VideoSummary:
     summary.pipeline = pipeline
     if getattr(args, "json", None):
         summary.json_path = str(args.json)
-    batch_frames = int(getattr(args, "batch_frames", None) or (1 if reader.webcam else 8))
+    batch_frames = getattr(args, "batch_frames", None)
+    if batch_frames is None:  # a camera: each frame as soon as it comes
+        batch_frames = 1 if reader.webcam else (getattr(args, "batch_images", None) or 8)
+    batch_frames = int(batch_frames)
+    if batch_frames < 1:
+        raise ValueError(f"frames per batch must be >= 1, got {batch_frames}")
     flip_test = bool(predictor.flip_test) and not getattr(args, "no_flip", False)
     gpu_warp = getattr(args, "gpu_warp", None)
     gpu_warp = predictor.device.type == "cuda" if gpu_warp is None else bool(gpu_warp)
