@@ -34,6 +34,7 @@ Machines are noisy: compare figures of one run only.
 """
 
 import argparse
+import copy
 import json
 import os
 import statistics
@@ -199,7 +200,7 @@ def run_ours_batched(predictor, inputs, timer=None, flip=True):
     reader.start()
     reader.join()
     detections = [(np.array(item["boxes_xyxy"], np.float64), np.ones(len(item["boxes_xyxy"]))) for item in inputs]
-    poses = pose_batch(predictor, frames, detections, timer, flip, gpu_warp=False)
+    poses = pose_batch(predictor, frames, detections, timer, flip, gpu_warp=predictor.device.type == "cuda")
     return [(p.keypoints, p.keypoint_scores) for p in poses]
 
 
@@ -277,7 +278,8 @@ PEERS_SCRIPT = textwrap.dedent(
             mlp_ratio=4, layer_norm_eps=1e-6, qkv_bias=True, image_size=[256, 192], patch_size=[16, 16],
             out_indices=[size["depth"]]), use_simple_decoder=spec["decoder"] == "simple", num_labels=17)
         model = VitPoseForPoseEstimation(config).eval()
-        missing, unexpected = model.load_state_dict(load_file(spec["hf_weights"]), strict=True)
+        model.load_state_dict(load_file(spec["hf_weights"]), strict=True)
+        model.to(spec["device"])
         processor = VitPoseImageProcessor()
         flip_pairs = torch.tensor(FLIP_PAIRS)
 
@@ -287,12 +289,14 @@ PEERS_SCRIPT = textwrap.dedent(
             for item in spec["inputs"]:
                 t0 = time.perf_counter(); rgb = read_rgb(item["path"]); t1 = time.perf_counter()
                 boxes = [item["boxes_xywh"]]
-                inputs = processor(images=[rgb], boxes=boxes, return_tensors="pt"); t2 = time.perf_counter()
+                inputs = processor(images=[rgb], boxes=boxes, return_tensors="pt")
+                pixels = inputs["pixel_values"].to(spec["device"]); t2 = time.perf_counter()
                 with torch.no_grad():
-                    heatmaps = model(inputs["pixel_values"]).heatmaps
+                    heatmaps = model(pixels).heatmaps
                     if spec["flip"]:
-                        flipped = model(inputs["pixel_values"].flip(-1), flip_pairs=flip_pairs).heatmaps
+                        flipped = model(pixels.flip(-1), flip_pairs=flip_pairs.to(spec["device"])).heatmaps
                         heatmaps = (heatmaps + flipped) * 0.5
+                    heatmaps = heatmaps.cpu()
                 t3 = time.perf_counter()
                 poses = processor.post_process_pose_estimation(VitPoseEstimatorOutput(heatmaps=heatmaps), boxes=boxes)
                 t4 = time.perf_counter()
@@ -303,7 +307,7 @@ PEERS_SCRIPT = textwrap.dedent(
 
         check = np.load(spec["check_file"])
         with torch.no_grad():
-            same_input = model(torch.from_numpy(check["x"])).heatmaps.numpy()
+            same_input = model(torch.from_numpy(check["x"]).to(spec["device"])).heatmaps.cpu().numpy()
         hf_keypoints = hf_run()
         times = timed_runs(hf_run, spec["repeats"])
         stages = Timer(); hf_run(stages)
@@ -320,7 +324,7 @@ PEERS_SCRIPT = textwrap.dedent(
         cfg = Config.fromfile(os.path.join(cfg_dir, spec["mmpose_config"]))
         cfg.model.backbone.init_cfg = None
         cfg.model.test_cfg.flip_test = spec["flip"]
-        model = init_model(cfg, checkpoint=spec["mmpose_weights"], device="cpu")
+        model = init_model(cfg, checkpoint=spec["mmpose_weights"], device=spec["device"])
 
         def mm_run():
             out = []
@@ -333,7 +337,7 @@ PEERS_SCRIPT = textwrap.dedent(
 
         check = np.load(spec["check_file"])
         with torch.no_grad():
-            same_input = model(torch.from_numpy(check["x"]), None, mode="tensor").numpy()
+            same_input = model(torch.from_numpy(check["x"]).to(spec["device"]), None, mode="tensor").cpu().numpy()
         mm_keypoints = mm_run()
         times = timed_runs(mm_run, spec["repeats"])
         # one instrumented pass: timers around the decode, the per-box pipeline (crop), the model
@@ -371,7 +375,7 @@ def write_weights_check(model, inputs, folder):
     its model on the same tensor, which shows the three hold the same weights."""
     from vitpose.data.loaders import normalize_images
 
-    predictor = Predictor(model, device="cpu", flip_test=False)
+    predictor = Predictor(copy.deepcopy(model), device="cpu", flip_test=False)  # the original stays put
     rgb = read_rgb(inputs[0]["path"])
     center, scale = predictor.boxes_to_center_scale(np.array(inputs[0]["boxes_xyxy"][:4]))
     crops, _ = predictor.crops(rgb, center, scale)
@@ -390,9 +394,10 @@ def run_peers(args, files, inputs):
     from vitpose.models.vitpose import MODEL_SIZES
 
     size = MODEL_SIZES[args.model]
-    spec = dict(mmref=str(SHARED / "mmpose-ref"), threads=args.threads, repeats=args.repeats, flip=not args.no_flip,
-                decoder=args.decoder, inputs=inputs, peers=args.peers, hf_weights=str(files["hf"]),
-                mmpose_weights=str(files["mmpose"]), check_file=str(files["check"]), mmpose_config=MMPOSE_CONFIGS[(args.model, args.decoder)],
+    spec = dict(mmref=str(SHARED / "mmpose-ref"), threads=args.threads, device=args.device, repeats=args.repeats,
+                flip=not args.no_flip, decoder=args.decoder, inputs=inputs, peers=args.peers,
+                hf_weights=str(files["hf"]), mmpose_weights=str(files["mmpose"]), check_file=str(files["check"]),
+                mmpose_config=MMPOSE_CONFIGS[(args.model, args.decoder)],
                 hf_backbone=dict(hidden=size["embed_dim"], depth=size["depth"], heads=size["num_heads"]))
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     proc = subprocess.run([str(MMPOSE_PY), "-c", PEERS_SCRIPT, json.dumps(spec)], capture_output=True, text=True,
@@ -442,7 +447,7 @@ def print_table(rows, people, frames, reference):
 # Pipeline: threads vs sequential on a synthetic clip
 
 
-def demo_predictor(flip):
+def demo_predictor(flip, device="cpu"):
     """The demo config's small ViTPose (4 blocks, 128x96 crops): a model fast enough on a CPU that
     decoding, drawing and writing are a real share of a frame's time."""
     from vitpose.builders import build_codec, build_model_from_config
@@ -450,7 +455,7 @@ def demo_predictor(flip):
 
     cfg = load_config(REPO / "configs" / "demo.yaml")
     model = draw_weights(build_model_from_config(cfg.model)).eval()
-    return Predictor(model, codec=build_codec(cfg.model), device="cpu", flip_test=flip)
+    return Predictor(model, codec=build_codec(cfg.model), device=device, flip_test=flip)
 
 
 def bench_pipeline(predictors, args, folder):
@@ -477,7 +482,8 @@ def bench_pipeline(predictors, args, folder):
         results = {}
         for pipeline in ("sequential", "threads", "sequential", "threads"):
             ns = argparse.Namespace(out=str(folder / f"out_{pipeline}"), json=str(folder / f"{pipeline}.json"),
-                                    track=True, smooth=False, no_flip=args.no_flip, device="cpu", detector="none",
+                                    track=True, smooth=False, no_flip=args.no_flip, device=args.device,
+                                    detector="none",
                                     boxes=str(boxes), pipeline=pipeline, progress=False, quiet=True,
                                     batch_frames=args.batch_frames)
             results.setdefault(pipeline, []).append(run_video(predictor, str(path), ns))
@@ -499,6 +505,7 @@ def main():
     parser.add_argument("--model", default="vitpose-s")
     parser.add_argument("--decoder", default="classic", choices=["classic", "simple"])
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="cpu | cuda (GPU figures: ours warps crops on the GPU)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-images", type=int, default=None, help="the first N coco-mini images only")
     parser.add_argument("--no-flip", action="store_true", help="single forward (default: flip test, as ViTPose)")
@@ -516,11 +523,11 @@ def main():
     people = sum(len(item["boxes_xywh"]) for item in inputs)
     frames = len(inputs)
     print(f"{args.model} {args.decoder}, flip test {'on' if flip else 'off'}, {frames} coco-mini images, {people} "
-          f"boxes, CPU, {args.threads} torch threads, median of {args.repeats} after 1 warm-up, torch "
+          f"boxes, {args.device}, {args.threads} torch threads, median of {args.repeats} after 1 warm-up, torch "
           f"{torch.__version__}, OpenCV {cv2.__version__}")
 
     model = draw_weights(build_model(args.model, args.decoder)).eval()
-    predictor = Predictor(model, device="cpu", flip_test=flip, batch_size=args.batch_size)
+    predictor = Predictor(model, device=args.device, flip_test=flip, batch_size=args.batch_size)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         files = write_weights(model, args.model, args.decoder, folder)
@@ -555,7 +562,8 @@ def main():
         for key, res in peers.items():
             print(f"weights check, {key} model on our normalised crops: max |heatmap diff| {res['weights_check']:.2g}")
         if args.amp:
-            amp = Predictor(model, device="cpu", flip_test=flip, batch_size=args.batch_size, amp_dtype=torch.bfloat16)
+            amp = Predictor(model, device=args.device, flip_test=flip, batch_size=args.batch_size,
+                            amp_dtype=torch.bfloat16)
             amp_keypoints = run_ours_batched(amp, inputs, flip=flip)
             t_amp = timed_runs(lambda: run_ours_batched(amp, inputs, flip=flip), args.repeats)
             stages = StageTimer()
@@ -571,7 +579,7 @@ def main():
                   f"(goal >= 2x at equal keypoints)")
         if args.pipeline:
             bench_pipeline([(f"{args.model} {args.decoder}", predictor),
-                            ("demo config (4-block ViT, 128x96 crops)", demo_predictor(flip))], args, folder)
+                            ("demo config (4-block ViT, 128x96 crops)", demo_predictor(flip, args.device))], args, folder)
 
 
 if __name__ == "__main__":

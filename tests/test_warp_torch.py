@@ -121,3 +121,13 @@ def test_float_bilinear_is_not_opencv(coco_mini_crops):
     float_crop = np.rint(exact).astype(np.uint8)
     opencv = cv2_crop(image, matrix)
     assert np.abs(float_crop.astype(int) - opencv).max() > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_crops_on_cuda_equal_opencv(coco_mini_crops):
+    images, index, matrices = coco_mini_crops
+    for i, image in enumerate(images):
+        on_gpu = warp_affine_uint8(torch.from_numpy(image).cuda(), matrices[index == i], INPUT_SIZE)
+        assert on_gpu.device.type == "cuda"
+        expected = np.stack([cv2_crop(image, m).transpose(2, 0, 1) for m in matrices[index == i]])
+        np.testing.assert_array_equal(on_gpu.cpu().numpy(), expected)
