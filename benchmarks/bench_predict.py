@@ -21,9 +21,10 @@ before anything is timed (so the maps are checked by this project's own loader).
   ViTPose-S config's test_cfg (flip test on, heatmap mode, no shift).
 
 HF and MMPose run in the MMPose reference venv (env VITPOSE_MMPOSE_PYTHON, default
-~/.cache/mmpose-ref-venv/bin/python) in a subprocess, one after the other with ours (never at
-the same time), all with `--threads` torch threads. Each implementation runs `--repeats` times
-after one warm-up pass; the table gives the median. Stage shares come from one extra,
+~/.cache/mmpose-ref-venv/bin/python) in a subprocess that answers one command at a time, so that
+nothing runs at the same time and the implementations alternate: `--repeats` rounds (after a
+warm-up round) of one pass of each, in the same order; the table gives the median per
+implementation. All use `--threads` torch threads. Stage shares come from one extra,
 instrumented pass (timers around each stage's function; MMPose's "other" is inference_topdown's
 own overhead: per-box pipeline dicts, collation, data samples). Keypoints are compared box by box
 against ours (max |diff| in image pixels, and the share of keypoints within 0.01 px).
@@ -153,12 +154,12 @@ def write_weights(model, model_name, decoder, folder):
 # Data
 
 
-def load_inputs(max_images=None):
+def load_inputs(max_images=None, max_boxes=None):
     detections = json.loads((COCO_MINI / "test_coco_det_AP_H_56.json").read_text())
     ids = sorted({d["image_id"] for d in detections})[:max_images]
     images = []
     for image_id in ids:
-        boxes = np.array([d["bbox"] for d in detections if d["image_id"] == image_id], np.float32)
+        boxes = np.array([d["bbox"] for d in detections if d["image_id"] == image_id][:max_boxes], np.float32)
         images.append({"path": str(COCO_MINI / f"{image_id:012d}.jpg"), "boxes_xywh": boxes.tolist(),
                        "boxes_xyxy": bbox_xywh2xyxy(boxes).tolist()})
     return images
@@ -228,16 +229,6 @@ def instrument_predictor(timer):
     return restore
 
 
-def timed_runs(fn, repeats):
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return times
-
-
 # ---------------------------------------------------------------------------------------------
 # Peers (in the MMPose reference venv)
 
@@ -258,14 +249,7 @@ PEERS_SCRIPT = textwrap.dedent(
         def add(self, k, v):
             self[k] = self.get(k, 0.0) + v
 
-    def timed_runs(fn, repeats):
-        fn()
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter(); fn(); times.append(time.perf_counter() - t0)
-        return times
-
-    result = {}
+    result, runners, instrumented = {}, {}, {}
     # ---------------- HF transformers
     if "hf" in spec["peers"]:
         import transformers
@@ -277,9 +261,9 @@ PEERS_SCRIPT = textwrap.dedent(
             hidden_size=size["hidden"], num_hidden_layers=size["depth"], num_attention_heads=size["heads"],
             mlp_ratio=4, layer_norm_eps=1e-6, qkv_bias=True, image_size=[256, 192], patch_size=[16, 16],
             out_indices=[size["depth"]]), use_simple_decoder=spec["decoder"] == "simple", num_labels=17)
-        model = VitPoseForPoseEstimation(config).eval()
-        model.load_state_dict(load_file(spec["hf_weights"]), strict=True)
-        model.to(spec["device"])
+        hf_model = VitPoseForPoseEstimation(config).eval()
+        hf_model.load_state_dict(load_file(spec["hf_weights"]), strict=True)
+        hf_model.to(spec["device"])
         processor = VitPoseImageProcessor()
         flip_pairs = torch.tensor(FLIP_PAIRS)
 
@@ -292,9 +276,9 @@ PEERS_SCRIPT = textwrap.dedent(
                 inputs = processor(images=[rgb], boxes=boxes, return_tensors="pt")
                 pixels = inputs["pixel_values"].to(spec["device"]); t2 = time.perf_counter()
                 with torch.no_grad():
-                    heatmaps = model(pixels).heatmaps
+                    heatmaps = hf_model(pixels).heatmaps
                     if spec["flip"]:
-                        flipped = model(pixels.flip(-1), flip_pairs=flip_pairs.to(spec["device"])).heatmaps
+                        flipped = hf_model(pixels.flip(-1), flip_pairs=flip_pairs.to(spec["device"])).heatmaps
                         heatmaps = (heatmaps + flipped) * 0.5
                     heatmaps = heatmaps.cpu()
                 t3 = time.perf_counter()
@@ -307,13 +291,15 @@ PEERS_SCRIPT = textwrap.dedent(
 
         check = np.load(spec["check_file"])
         with torch.no_grad():
-            same_input = model(torch.from_numpy(check["x"]).to(spec["device"])).heatmaps.cpu().numpy()
-        hf_keypoints = hf_run()
-        times = timed_runs(hf_run, spec["repeats"])
-        stages = Timer(); hf_run(stages)
-        result["hf"] = dict(times=times, stages=stages, keypoints=hf_keypoints,
+            same_input = hf_model(torch.from_numpy(check["x"]).to(spec["device"])).heatmaps.cpu().numpy()
+        result["hf"] = dict(keypoints=hf_run(),
                             weights_check=float(np.abs(same_input - check["heatmaps"]).max()),
-                            version=transformers.__version__, attn=model.config._attn_implementation)
+                            version=transformers.__version__, attn=hf_model.config._attn_implementation)
+        runners["hf"] = hf_run
+
+        def hf_stages():
+            stages = Timer(); hf_run(stages); return stages
+        instrumented["hf"] = hf_stages
     # ---------------- MMPose
     if "mmpose" in spec["peers"]:
         import mmpose
@@ -324,24 +310,25 @@ PEERS_SCRIPT = textwrap.dedent(
         cfg = Config.fromfile(os.path.join(cfg_dir, spec["mmpose_config"]))
         cfg.model.backbone.init_cfg = None
         cfg.model.test_cfg.flip_test = spec["flip"]
-        model = init_model(cfg, checkpoint=spec["mmpose_weights"], device=spec["device"])
+        mm_model = init_model(cfg, checkpoint=spec["mmpose_weights"], device=spec["device"])
 
         def mm_run():
             out = []
             for item in spec["inputs"]:
                 bgr = cv2.imread(item["path"], cv2.IMREAD_COLOR)  # MMPose takes arrays in BGR (LoadImage's order)
-                samples = inference_topdown(model, bgr, np.array(item["boxes_xyxy"], np.float32))
+                samples = inference_topdown(mm_model, bgr, np.array(item["boxes_xyxy"], np.float32))
                 out.append([[s.pred_instances.keypoints[0].tolist(), s.pred_instances.keypoint_scores[0].tolist()]
                             for s in samples])
             return out
 
         check = np.load(spec["check_file"])
         with torch.no_grad():
-            same_input = model(torch.from_numpy(check["x"]).to(spec["device"]), None, mode="tensor").cpu().numpy()
-        mm_keypoints = mm_run()
-        times = timed_runs(mm_run, spec["repeats"])
-        # one instrumented pass: timers around the decode, the per-box pipeline (crop), the model
-        # and the heatmap decoding
+            same_input = mm_model(torch.from_numpy(check["x"]).to(spec["device"]), None, mode="tensor").cpu().numpy()
+        result["mmpose"] = dict(keypoints=mm_run(), version=mmpose.__version__,
+                                weights_check=float(np.abs(same_input - check["heatmaps"]).max()))
+        runners["mmpose"] = mm_run
+        # the instrumented pass (last: it wraps MMPose's functions for good): timers around the
+        # decode, the per-box pipeline (crop), the model and the heatmap decoding
         stages = Timer()
         def timed(fn, stage):
             def call(*a, **kw):
@@ -353,19 +340,31 @@ PEERS_SCRIPT = textwrap.dedent(
             return call
         def wrap(owner, name, stage):
             setattr(owner, name, timed(getattr(owner, name), stage))
-        import mmpose.apis.inference as mm_inference
-        compose = mm_inference.Compose
-        mm_inference.Compose = lambda *a, **kw: timed(compose(*a, **kw), "crop")
-        wrap(model, "extract_feat", "pose")
-        wrap(model.head, "forward", "pose")
-        wrap(model.head, "decode", "decode heatmaps")
-        wrap(model.data_preprocessor, "forward", "crop")  # normalisation on the batch
-        wrap(cv2, "imread", "decode")
-        t0 = time.perf_counter(); mm_run(); total = time.perf_counter() - t0
-        stages["other"] = total - sum(stages.values())
-        result["mmpose"] = dict(times=times, stages=stages, keypoints=mm_keypoints, version=mmpose.__version__,
-                                weights_check=float(np.abs(same_input - check["heatmaps"]).max()))
-    print("RESULT " + json.dumps(result))
+
+        def mm_stages():
+            import mmpose.apis.inference as mm_inference
+            compose = mm_inference.Compose
+            mm_inference.Compose = lambda *a, **kw: timed(compose(*a, **kw), "crop")
+            wrap(mm_model, "extract_feat", "pose")
+            wrap(mm_model.head, "forward", "pose")
+            wrap(mm_model.head, "decode", "decode heatmaps")
+            wrap(mm_model.data_preprocessor, "forward", "crop")  # normalisation on the batch
+            wrap(cv2, "imread", "decode")
+            t0 = time.perf_counter(); mm_run(); total = time.perf_counter() - t0
+            stages["other"] = total - sum(stages.values())
+            return stages
+        instrumented["mmpose"] = mm_stages
+    # A server: one timed pass per command, so that the caller interleaves ours and the peers.
+    print("READY " + json.dumps(result), flush=True)
+    for line in sys.stdin:
+        command = json.loads(line)
+        if "time" in command:
+            t0 = time.perf_counter(); runners[command["time"]](); seconds = time.perf_counter() - t0
+            print("DONE " + json.dumps(seconds), flush=True)
+        elif "stages" in command:
+            print("DONE " + json.dumps(instrumented[command["stages"]]()), flush=True)
+        else:
+            break
     """
 )
 
@@ -387,25 +386,51 @@ def write_weights_check(model, inputs, folder):
     return path
 
 
-def run_peers(args, files, inputs):
-    if not MMPOSE_PY.exists():
-        raise SystemExit(f"MMPose reference venv not found: {MMPOSE_PY} (set VITPOSE_MMPOSE_PYTHON; "
-                         f"see {SHARED}/mmpose-ref/README.md)")
-    from vitpose.models.vitpose import MODEL_SIZES
+class Peers:
+    """The HF and MMPose runners in the reference venv, as a subprocess that answers one command
+    at a time (a timed pass of one peer, or its instrumented pass)."""
 
-    size = MODEL_SIZES[args.model]
-    spec = dict(mmref=str(SHARED / "mmpose-ref"), threads=args.threads, device=args.device, repeats=args.repeats,
-                flip=not args.no_flip, decoder=args.decoder, inputs=inputs, peers=args.peers,
-                hf_weights=str(files["hf"]), mmpose_weights=str(files["mmpose"]), check_file=str(files["check"]),
-                mmpose_config=MMPOSE_CONFIGS[(args.model, args.decoder)],
-                hf_backbone=dict(hidden=size["embed_dim"], depth=size["depth"], heads=size["num_heads"]))
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
-    proc = subprocess.run([str(MMPOSE_PY), "-c", PEERS_SCRIPT, json.dumps(spec)], capture_output=True, text=True,
-                          env=env)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
-        raise SystemExit(f"peer benchmark failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-    return json.loads(lines[-1][len("RESULT "):])
+    def __init__(self, args, files, inputs, folder):
+        if not MMPOSE_PY.exists():
+            raise SystemExit(f"MMPose reference venv not found: {MMPOSE_PY} (set VITPOSE_MMPOSE_PYTHON; "
+                             f"see {SHARED}/mmpose-ref/README.md)")
+        from vitpose.models.vitpose import MODEL_SIZES
+
+        size = MODEL_SIZES[args.model]
+        spec = dict(mmref=str(SHARED / "mmpose-ref"), threads=args.threads, device=args.device,
+                    flip=not args.no_flip, decoder=args.decoder, inputs=inputs, peers=args.peers,
+                    hf_weights=str(files["hf"]), mmpose_weights=str(files["mmpose"]), check_file=str(files["check"]),
+                    mmpose_config=MMPOSE_CONFIGS[(args.model, args.decoder)],
+                    hf_backbone=dict(hidden=size["embed_dim"], depth=size["depth"], heads=size["num_heads"]))
+        env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+        self.log = open(folder / "peers.log", "w+")
+        self.proc = subprocess.Popen([str(MMPOSE_PY), "-c", PEERS_SCRIPT, json.dumps(spec)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
+        self.ready = self._answer("READY ")
+
+    def _answer(self, prefix):
+        for line in self.proc.stdout:
+            if line.startswith(prefix):
+                return json.loads(line[len(prefix):])
+        self.log.seek(0)
+        raise SystemExit(f"peer benchmark failed (exit {self.proc.wait()}):\n{self.log.read()[-4000:]}")
+
+    def time(self, name):
+        self.proc.stdin.write(json.dumps({"time": name}) + "\n")
+        self.proc.stdin.flush()
+        return self._answer("DONE ")
+
+    def stages(self, name):
+        self.proc.stdin.write(json.dumps({"stages": name}) + "\n")
+        self.proc.stdin.flush()
+        return self._answer("DONE ")
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.write("{}\n")
+            self.proc.stdin.flush()
+            self.proc.wait()
+        self.log.close()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -422,6 +447,7 @@ def keypoint_agreement(ours, theirs):
         score_diffs.append(np.abs(scores - other_scores).reshape(-1))
     diffs, score_diffs = np.concatenate(diffs), np.concatenate(score_diffs)
     return dict(max_px=float(diffs.max()), within_001=float((diffs <= 0.01).mean()),
+                p99_px=float(np.percentile(diffs, 99)),
                 median_px=float(np.median(diffs)), max_score=float(score_diffs.max()))
 
 
@@ -435,7 +461,8 @@ def print_table(rows, people, frames, reference):
         share = {k: 100 * v / total for k, v in stages.items()} if total else {}
         other = sum(v for k, v in share.items() if k not in ("decode", "crop", "pose", "decode heatmaps"))
         agree = ("-" if agreement is None else
-                 f"max {agreement['max_px']:.3g} px, median {agreement['median_px']:.2g} px, "
+                 f"median {agreement['median_px']:.2g} px, 99th percentile {agreement['p99_px']:.3g} px, "
+                 f"max {agreement['max_px']:.3g} px, "
                  f"{100 * agreement['within_001']:.1f}% within 0.01 px, "
                  f"scores max {agreement['max_score']:.2g}")
         print(f"| {name} | {t:.3f} | {frames / t:.3f} | {people / t:.2f} | {t / reference:.2f} | "
@@ -508,6 +535,7 @@ def main():
     parser.add_argument("--device", default="cpu", help="cpu | cuda (GPU figures: ours warps crops on the GPU)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-images", type=int, default=None, help="the first N coco-mini images only")
+    parser.add_argument("--max-boxes", type=int, default=None, help="the first N boxes of each image only")
     parser.add_argument("--no-flip", action="store_true", help="single forward (default: flip test, as ViTPose)")
     parser.add_argument("--batch-size", type=int, default=64, help="crops per forward pass for ours")
     parser.add_argument("--peers", nargs="*", default=["hf", "mmpose"], choices=["hf", "mmpose"])
@@ -519,7 +547,7 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     flip = not args.no_flip
-    inputs = load_inputs(args.max_images)
+    inputs = load_inputs(args.max_images, args.max_boxes)
     people = sum(len(item["boxes_xywh"]) for item in inputs)
     frames = len(inputs)
     print(f"{args.model} {args.decoder}, flip test {'on' if flip else 'off'}, {frames} coco-mini images, {people} "
@@ -537,44 +565,63 @@ def main():
         for (a, sa), (b, sb) in zip(ours_predict, ours_batched):
             assert np.array_equal(a, b) and np.array_equal(sa, sb), "batched keypoints differ from predict"
 
-        rows = []
-        t_predict = timed_runs(lambda: run_ours_predict(predictor, inputs), args.repeats)
-        t_batched = timed_runs(lambda: run_ours_batched(predictor, inputs, flip=flip), args.repeats)
-        peers = {} if args.no_peers else run_peers(args, files, inputs)
-        # ours again after the peers: the median over both sessions evens out the machine's drift
-        t_predict += timed_runs(lambda: run_ours_predict(predictor, inputs), args.repeats)
-        t_batched += timed_runs(lambda: run_ours_batched(predictor, inputs, flip=flip), args.repeats)
+        runners = {"ours-predict": lambda: run_ours_predict(predictor, inputs),
+                   "ours-batched": lambda: run_ours_batched(predictor, inputs, flip=flip)}
+        amp_keypoints = None
+        if args.amp:
+            amp = Predictor(model, device=args.device, flip_test=flip, batch_size=args.batch_size,
+                            amp_dtype=torch.bfloat16)
+            amp_keypoints = run_ours_batched(amp, inputs, flip=flip)
+            runners["ours-bf16"] = lambda: run_ours_batched(amp, inputs, flip=flip)
+        peers = None if args.no_peers else Peers(args, files, inputs, folder)
+        try:
+            for name in ([] if peers is None else args.peers):
+                runners[name] = lambda name=name: peers.time(name)
+            # Rounds: every implementation once per round, in the same order, so that the machine's
+            # drift (other jobs) spreads over all of them; round 0 is the warm-up.
+            times = {name: [] for name in runners}
+            for round_index in range(args.repeats + 1):
+                for name, run in runners.items():
+                    t0 = time.perf_counter()
+                    answer = run()
+                    seconds = answer if isinstance(answer, float) else time.perf_counter() - t0
+                    if round_index:
+                        times[name].append(seconds)
+                print(f"round {round_index}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items() if v)
+                      if round_index else "round 0 (warm-up) done", flush=True)
+            peer_stages = {} if peers is None else {name: peers.stages(name) for name in args.peers}
+        finally:
+            if peers is not None:
+                peers.close()
 
+        rows = []
         stages = StageTimer()
         restore = instrument_predictor(stages)
         try:
             run_ours_predict(predictor, inputs, stages)
         finally:
             restore()
-        rows.append(("ours, Predictor.predict per image", t_predict, stages.seconds, None))
+        rows.append(("ours, Predictor.predict per image", times["ours-predict"], stages.seconds, None))
         stages = StageTimer()
         run_ours_batched(predictor, inputs, stages, flip=flip)
-        rows.append(("ours, batched over images + reader thread", t_batched, stages.seconds, None))
+        rows.append(("ours, batched over images + reader thread", times["ours-batched"], stages.seconds, None))
         labels = {"hf": "HF transformers {version} ({attn} attention)", "mmpose": "MMPose {version} inference_topdown"}
-        for key, res in peers.items():
-            rows.append((labels[key].format(**res), res["times"], res["stages"],
+        for name in peer_stages:
+            res = peers.ready[name]
+            rows.append((labels[name].format(**res), times[name], peer_stages[name],
                          keypoint_agreement(ours_predict, res["keypoints"])))
-        for key, res in peers.items():
-            print(f"weights check, {key} model on our normalised crops: max |heatmap diff| {res['weights_check']:.2g}")
-        if args.amp:
-            amp = Predictor(model, device=args.device, flip_test=flip, batch_size=args.batch_size,
-                            amp_dtype=torch.bfloat16)
-            amp_keypoints = run_ours_batched(amp, inputs, flip=flip)
-            t_amp = timed_runs(lambda: run_ours_batched(amp, inputs, flip=flip), args.repeats)
+            print(f"weights check, {name} model on our normalised crops: max |heatmap diff| {res['weights_check']:.2g}")
+        if amp_keypoints is not None:
             stages = StageTimer()
             run_ours_batched(amp, inputs, stages, flip=flip)
             as_lists = [[[k.tolist(), s.tolist()] for k, s in zip(*image)] for image in amp_keypoints]
-            rows.append(("ours, batched, bf16 autocast", t_amp, stages.seconds,
+            rows.append(("ours, batched, bf16 autocast", times["ours-bf16"], stages.seconds,
                          keypoint_agreement(ours_predict, as_lists)))
+        t_predict, t_batched = times["ours-predict"], times["ours-batched"]
         reference = min(statistics.median(t_predict), statistics.median(t_batched))
         print_table(rows, people, frames, reference)
-        if peers:
-            fastest_peer = min(statistics.median(res["times"]) for res in peers.values())
+        if peer_stages:
+            fastest_peer = min(statistics.median(times[name]) for name in peer_stages)
             print(f"\nours (best) vs the faster peer: {fastest_peer / reference:.2f}x "
                   f"(goal >= 2x at equal keypoints)")
         if args.pipeline:
