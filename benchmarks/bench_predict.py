@@ -1,0 +1,633 @@
+"""End-to-end top-down pose inference on the CPU: this project vs HF transformers vs MMPose.
+
+    python benchmarks/bench_predict.py [--model vitpose-s] [--decoder classic] [--repeats 3]
+                                       [--threads 2] [--no-flip] [--no-peers] [--pipeline]
+
+Same images, boxes and weights for all: coco-mini's four images (JPEG files, decoded by each run
+with cv2.imread) and their 118 detection boxes (test_coco_det_AP_H_56.json), one random ViTPose
+drawn with the fixtures' recipe (std 0.05 weights, 0.1 biases, norm scales U(0.5, 1.5)) so that
+heatmap peaks are clear and differ per crop. The weights are written in MMPose 1.x and HF layouts
+by the key maps below; `vitpose.load_weights` reads both files back into our model bit for bit
+before anything is timed (so the maps are checked by this project's own loader).
+
+- ours, predict: `Predictor.predict(image, boxes)` per image (the public API on photos).
+- ours, batched: the crops of all four images through the model together, JPEG decoding in a
+  reader thread (`vitpose.video`'s pipeline: what `vitpose predict DIR` and videos run).
+- HF transformers: `VitPoseImageProcessor` (crops + normalisation) -> `VitPoseForPoseEstimation`
+  -> `post_process_pose_estimation`, one call each per image, as HF's model card shows; with
+  the flip test, a second forward of the mirrored crops with `flip_pairs` (HF's own flip-back),
+  the two heatmaps averaged (what ViTPose's evaluation does; HF has no flip-test switch).
+- MMPose 1.3.2: `mmpose.apis.inference_topdown(model, image_array, boxes)` per image, the
+  ViTPose-S config's test_cfg (flip test on, heatmap mode, no shift).
+
+HF and MMPose run in the MMPose reference venv (env VITPOSE_MMPOSE_PYTHON, default
+~/.cache/mmpose-ref-venv/bin/python) in a subprocess that answers one command at a time, so that
+nothing runs at the same time and the implementations alternate: `--repeats` rounds (after a
+warm-up round) of one pass of each, in the same order; the table gives the median per
+implementation. All use `--threads` torch threads. Stage shares come from one extra,
+instrumented pass (timers around each stage's function; MMPose's "other" is inference_topdown's
+own overhead: per-box pipeline dicts, collation, data samples). Keypoints are compared box by box
+against ours (max |diff| in image pixels, and the share of keypoints within 0.01 px).
+
+`--pipeline` also times `vitpose.video.run_video` on a synthetic 640x480 clip with the threaded
+and the sequential pipeline (the measurement behind the threads in vitpose/video.py).
+Machines are noisy: compare figures of one run only.
+"""
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from safetensors.torch import save_file
+
+from vitpose.data.geometry import bbox_xywh2xyxy
+from vitpose.inference import Predictor
+from vitpose.models.checkpoint import load_weights
+from vitpose.models.vitpose import build_model
+from vitpose.video import Frame, StageTimer, pose_batch
+
+SHARED = Path(os.environ.get("VITPOSE_SHARED", REPO.parent / "shared"))
+COCO_MINI = SHARED / "data" / "coco-mini"
+MMPOSE_PY = Path(os.environ.get("VITPOSE_MMPOSE_PYTHON", Path.home() / ".cache/mmpose-ref-venv/bin/python"))
+MMPOSE_CONFIGS = {
+    ("vitpose-s", "classic"): "td-hm_ViTPose-small_8xb64-210e_coco-256x192.py",
+    ("vitpose-s", "simple"): "td-hm_ViTPose-small-simple_8xb64-210e_coco-256x192.py",
+    ("vitpose-b", "classic"): "td-hm_ViTPose-base_8xb64-210e_coco-256x192.py",
+    ("vitpose-b", "simple"): "td-hm_ViTPose-base-simple_8xb64-210e_coco-256x192.py",
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights: one random draw, written in the three layouts
+
+
+def draw_weights(model, seed=0):
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.1)
+            elif p.ndim == 1:
+                p.uniform_(0.5, 1.5)
+            else:
+                p.normal_(0, 0.05 if "pos_embed" not in name else 0.5)
+        for name, b in model.named_buffers():  # BN statistics of the classic head
+            if name.endswith("running_mean"):
+                b.normal_(0, 0.3)
+            elif name.endswith("running_var"):
+                b.uniform_(0.5, 2.0)
+    return model
+
+
+def mmpose_layout(state):
+    """Our names -> MMPose 1.x names (the inverse of models.checkpoint's MMPose rules)."""
+    out = {}
+    for name, t in state.items():
+        n = name.replace("backbone.patch_embed.proj.", "backbone.patch_embed.projection.")
+        n = n.replace("backbone.norm.", "backbone.ln1.")
+        if ".blocks." in n:
+            n = n.replace("backbone.blocks.", "backbone.layers.")
+            n = n.replace(".norm1.", ".ln1.").replace(".norm2.", ".ln2.")
+            n = n.replace(".mlp.fc1.", ".ffn.layers.0.0.").replace(".mlp.fc2.", ".ffn.layers.1.")
+        out[n] = t
+    return out
+
+
+def hf_layout(state, decoder):
+    """Our names -> HF transformers VitPose names: q/k/v split by rows, a zero class-token row on
+    the position embedding, head layers renamed."""
+    out = {}
+    for name, t in state.items():
+        if name == "backbone.pos_embed":
+            out["backbone.embeddings.position_embeddings"] = torch.cat([torch.zeros_like(t[:, :1]), t], 1)
+            continue
+        n = name.replace("backbone.patch_embed.proj.", "backbone.embeddings.patch_embeddings.projection.")
+        n = n.replace("backbone.norm.", "backbone.layernorm.")
+        if ".blocks." in n:
+            n = n.replace("backbone.blocks.", "backbone.encoder.layer.")
+            n = n.replace(".norm1.", ".layernorm_before.").replace(".norm2.", ".layernorm_after.")
+            n = n.replace(".attn.proj.", ".attention.output.dense.")
+            if ".attn.qkv." in n:
+                for part, chunk in zip(("query", "key", "value"), t.chunk(3, dim=0)):
+                    out[n.replace(".attn.qkv.", f".attention.attention.{part}.")] = chunk.clone()
+                continue
+        if decoder == "classic":
+            for ours, theirs in ((".deconv_layers.0.", ".deconv1."), (".deconv_layers.1.", ".batchnorm1."),
+                                 (".deconv_layers.3.", ".deconv2."), (".deconv_layers.4.", ".batchnorm2.")):
+                n = n.replace(ours, theirs)
+        n = n.replace("head.final_layer.", "head.conv.")
+        out[n] = t
+    return out
+
+
+def write_weights(model, model_name, decoder, folder):
+    state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+    files = {"mmpose": folder / "mmpose1x.pth", "hf": folder / "hf.safetensors"}
+    torch.save({"state_dict": mmpose_layout(state)}, files["mmpose"])
+    save_file(hf_layout(state, decoder), str(files["hf"]))
+    for layout, path in files.items():  # our loader reads each layout back to the same tensors
+        probe = build_model(model_name, decoder)
+        load_weights(probe, path)
+        for k, v in probe.state_dict().items():
+            if not torch.equal(v, state[k]):
+                raise SystemExit(f"{layout} layout does not round-trip at {k}")
+    return files
+
+
+# ---------------------------------------------------------------------------------------------
+# Data
+
+
+def load_inputs(max_images=None, max_boxes=None):
+    detections = json.loads((COCO_MINI / "test_coco_det_AP_H_56.json").read_text())
+    ids = sorted({d["image_id"] for d in detections})[:max_images]
+    images = []
+    for image_id in ids:
+        boxes = np.array([d["bbox"] for d in detections if d["image_id"] == image_id][:max_boxes], np.float32)
+        images.append({"path": str(COCO_MINI / f"{image_id:012d}.jpg"), "boxes_xywh": boxes.tolist(),
+                       "boxes_xyxy": bbox_xywh2xyxy(boxes).tolist()})
+    return images
+
+
+def read_rgb(path):
+    return cv2.cvtColor(cv2.imread(path, cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+
+
+# ---------------------------------------------------------------------------------------------
+# Ours
+
+
+def run_ours_predict(predictor, inputs, timer=None):
+    out = []
+    for item in inputs:
+        t0 = time.perf_counter()
+        rgb = read_rgb(item["path"])
+        if timer:
+            timer.add("decode", time.perf_counter() - t0)
+        kpts, scores = predictor.predict(rgb, np.array(item["boxes_xyxy"]))
+        out.append((kpts, scores))
+    return out
+
+
+def run_ours_batched(predictor, inputs, timer=None, flip=True):
+    """All images' crops through the model together; JPEG decoding in a reader thread."""
+    timer = timer or StageTimer()
+    frames = [None] * len(inputs)
+
+    def read():
+        for i, item in enumerate(inputs):
+            t0 = time.perf_counter()
+            bgr = cv2.imread(item["path"], cv2.IMREAD_COLOR)
+            frames[i] = Frame(i, bgr, cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))
+            timer.add("decode", time.perf_counter() - t0)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    reader.join()
+    detections = [(np.array(item["boxes_xyxy"], np.float64), np.ones(len(item["boxes_xyxy"]))) for item in inputs]
+    poses = pose_batch(predictor, frames, detections, timer, flip, gpu_warp=predictor.device.type == "cuda")
+    return [(p.keypoints, p.keypoint_scores) for p in poses]
+
+
+def instrument_predictor(timer):
+    """Timers around the functions Predictor.predict calls (one extra pass, for stage shares)."""
+    import vitpose.inference as inference
+
+    originals = (inference.forward_heatmaps, inference.heatmaps_to_keypoints, Predictor.crops)
+
+    def timed(stage, fn):
+        def wrapper(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                timer.add(stage, time.perf_counter() - t0)
+        return wrapper
+
+    inference.forward_heatmaps = timed("pose", originals[0])
+    inference.heatmaps_to_keypoints = timed("decode heatmaps", originals[1])
+    Predictor.crops = timed("crop", originals[2])
+
+    def restore():
+        inference.forward_heatmaps, inference.heatmaps_to_keypoints, Predictor.crops = originals
+    return restore
+
+
+# ---------------------------------------------------------------------------------------------
+# Peers (in the MMPose reference venv)
+
+PEERS_SCRIPT = textwrap.dedent(
+    r"""
+    import json, os, sys, time
+    spec = json.loads(sys.argv[1])
+    sys.path.insert(0, spec["mmref"])
+    import mmcompat  # noqa: F401  (before mmpose)
+    import cv2, numpy as np, torch
+    torch.set_num_threads(spec["threads"])
+    FLIP_PAIRS = [[1, 2], [3, 4], [5, 6], [7, 8], [9, 10], [11, 12], [13, 14], [15, 16]]
+
+    def read_rgb(path):
+        return cv2.cvtColor(cv2.imread(path, cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+
+    class Timer(dict):
+        def add(self, k, v):
+            self[k] = self.get(k, 0.0) + v
+
+    result, runners, instrumented = {}, {}, {}
+    # ---------------- HF transformers
+    if "hf" in spec["peers"]:
+        import transformers
+        from transformers import VitPoseBackboneConfig, VitPoseConfig, VitPoseForPoseEstimation, VitPoseImageProcessor
+        from transformers.models.vitpose.modeling_vitpose import VitPoseEstimatorOutput
+        from safetensors.torch import load_file
+        size = spec["hf_backbone"]
+        config = VitPoseConfig(backbone_config=VitPoseBackboneConfig(
+            hidden_size=size["hidden"], num_hidden_layers=size["depth"], num_attention_heads=size["heads"],
+            mlp_ratio=4, layer_norm_eps=1e-6, qkv_bias=True, image_size=[256, 192], patch_size=[16, 16],
+            out_indices=[size["depth"]]), use_simple_decoder=spec["decoder"] == "simple", num_labels=17)
+        hf_model = VitPoseForPoseEstimation(config).eval()
+        hf_model.load_state_dict(load_file(spec["hf_weights"]), strict=True)
+        hf_model.to(spec["device"])
+        processor = VitPoseImageProcessor()
+        flip_pairs = torch.tensor(FLIP_PAIRS)
+
+        def hf_run(timer=None):
+            timer = timer if timer is not None else Timer()
+            out = []
+            for item in spec["inputs"]:
+                t0 = time.perf_counter(); rgb = read_rgb(item["path"]); t1 = time.perf_counter()
+                boxes = [item["boxes_xywh"]]
+                inputs = processor(images=[rgb], boxes=boxes, return_tensors="pt")
+                pixels = inputs["pixel_values"].to(spec["device"]); t2 = time.perf_counter()
+                with torch.no_grad():
+                    heatmaps = hf_model(pixels).heatmaps
+                    if spec["flip"]:
+                        flipped = hf_model(pixels.flip(-1), flip_pairs=flip_pairs.to(spec["device"])).heatmaps
+                        heatmaps = (heatmaps + flipped) * 0.5
+                    heatmaps = heatmaps.cpu()
+                t3 = time.perf_counter()
+                poses = processor.post_process_pose_estimation(VitPoseEstimatorOutput(heatmaps=heatmaps), boxes=boxes)
+                t4 = time.perf_counter()
+                timer.add("decode", t1 - t0); timer.add("crop", t2 - t1); timer.add("pose", t3 - t2)
+                timer.add("decode heatmaps", t4 - t3)
+                out.append([[p["keypoints"].tolist(), p["scores"].tolist()] for p in poses[0]])
+            return out
+
+        check = np.load(spec["check_file"])
+        with torch.no_grad():
+            same_input = hf_model(torch.from_numpy(check["x"]).to(spec["device"])).heatmaps.cpu().numpy()
+        result["hf"] = dict(keypoints=hf_run(),
+                            weights_check=float(np.abs(same_input - check["heatmaps"]).max()),
+                            version=transformers.__version__, attn=hf_model.config._attn_implementation)
+        runners["hf"] = hf_run
+
+        def hf_stages():
+            stages = Timer(); hf_run(stages); return stages
+        instrumented["hf"] = hf_stages
+    # ---------------- MMPose
+    if "mmpose" in spec["peers"]:
+        import mmpose
+        from mmengine.config import Config
+        from mmpose.apis import inference_topdown, init_model
+        cfg_dir = os.path.join(os.path.dirname(mmpose.__file__), ".mim", "configs", "body_2d_keypoint",
+                               "topdown_heatmap", "coco")
+        cfg = Config.fromfile(os.path.join(cfg_dir, spec["mmpose_config"]))
+        cfg.model.backbone.init_cfg = None
+        cfg.model.test_cfg.flip_test = spec["flip"]
+        mm_model = init_model(cfg, checkpoint=spec["mmpose_weights"], device=spec["device"])
+
+        def mm_run():
+            out = []
+            for item in spec["inputs"]:
+                bgr = cv2.imread(item["path"], cv2.IMREAD_COLOR)  # MMPose takes arrays in BGR (LoadImage's order)
+                samples = inference_topdown(mm_model, bgr, np.array(item["boxes_xyxy"], np.float32))
+                out.append([[s.pred_instances.keypoints[0].tolist(), s.pred_instances.keypoint_scores[0].tolist()]
+                            for s in samples])
+            return out
+
+        check = np.load(spec["check_file"])
+        with torch.no_grad():
+            same_input = mm_model(torch.from_numpy(check["x"]).to(spec["device"]), None, mode="tensor").cpu().numpy()
+        result["mmpose"] = dict(keypoints=mm_run(), version=mmpose.__version__,
+                                weights_check=float(np.abs(same_input - check["heatmaps"]).max()))
+        runners["mmpose"] = mm_run
+        # the instrumented pass (last: it wraps MMPose's functions for good): timers around the
+        # decode, the per-box pipeline (crop), the model and the heatmap decoding
+        stages = Timer()
+        def timed(fn, stage):
+            def call(*a, **kw):
+                t0 = time.perf_counter()
+                try:
+                    return fn(*a, **kw)
+                finally:
+                    stages.add(stage, time.perf_counter() - t0)
+            return call
+        def wrap(owner, name, stage):
+            setattr(owner, name, timed(getattr(owner, name), stage))
+
+        def mm_stages():
+            import mmpose.apis.inference as mm_inference
+            compose = mm_inference.Compose
+            mm_inference.Compose = lambda *a, **kw: timed(compose(*a, **kw), "crop")
+            wrap(mm_model, "extract_feat", "pose")
+            wrap(mm_model.head, "forward", "pose")
+            wrap(mm_model.head, "decode", "decode heatmaps")
+            wrap(mm_model.data_preprocessor, "forward", "crop")  # normalisation on the batch
+            wrap(cv2, "imread", "decode")
+            t0 = time.perf_counter(); mm_run(); total = time.perf_counter() - t0
+            stages["other"] = total - sum(stages.values())
+            return stages
+        instrumented["mmpose"] = mm_stages
+    # A server: one timed pass per command, so that the caller interleaves ours and the peers.
+    print("READY " + json.dumps(result), flush=True)
+    for line in sys.stdin:
+        command = json.loads(line)
+        if "time" in command:
+            t0 = time.perf_counter(); runners[command["time"]](); seconds = time.perf_counter() - t0
+            print("DONE " + json.dumps(seconds), flush=True)
+        elif "stages" in command:
+            print("DONE " + json.dumps(instrumented[command["stages"]]()), flush=True)
+        else:
+            break
+    """
+)
+
+
+def write_weights_check(model, inputs, folder):
+    """Normalised crops of the first image's first boxes and our heatmaps of them: each peer runs
+    its model on the same tensor, which shows the three hold the same weights."""
+    from vitpose.data.loaders import normalize_images
+
+    predictor = Predictor(copy.deepcopy(model), device="cpu", flip_test=False)  # the original stays put
+    rgb = read_rgb(inputs[0]["path"])
+    center, scale = predictor.boxes_to_center_scale(np.array(inputs[0]["boxes_xyxy"][:4]))
+    crops, _ = predictor.crops(rgb, center, scale)
+    x = normalize_images(torch.from_numpy(crops))
+    with torch.no_grad():
+        heatmaps = model(x)
+    path = folder / "weights_check.npz"
+    np.savez(path, x=x.numpy(), heatmaps=heatmaps.numpy())
+    return path
+
+
+class Peers:
+    """The HF and MMPose runners in the reference venv, as a subprocess that answers one command
+    at a time (a timed pass of one peer, or its instrumented pass)."""
+
+    def __init__(self, args, files, inputs, folder):
+        if not MMPOSE_PY.exists():
+            raise SystemExit(f"MMPose reference venv not found: {MMPOSE_PY} (set VITPOSE_MMPOSE_PYTHON; "
+                             f"see {SHARED}/mmpose-ref/README.md)")
+        from vitpose.models.vitpose import MODEL_SIZES
+
+        size = MODEL_SIZES[args.model]
+        spec = dict(mmref=str(SHARED / "mmpose-ref"), threads=args.threads, device=args.device,
+                    flip=not args.no_flip, decoder=args.decoder, inputs=inputs, peers=args.peers,
+                    hf_weights=str(files["hf"]), mmpose_weights=str(files["mmpose"]), check_file=str(files["check"]),
+                    mmpose_config=MMPOSE_CONFIGS[(args.model, args.decoder)],
+                    hf_backbone=dict(hidden=size["embed_dim"], depth=size["depth"], heads=size["num_heads"]))
+        env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+        self.log = open(folder / "peers.log", "w+")
+        self.proc = subprocess.Popen([str(MMPOSE_PY), "-c", PEERS_SCRIPT, json.dumps(spec)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
+        self.ready = self._answer("READY ")
+
+    def _answer(self, prefix):
+        for line in self.proc.stdout:
+            if line.startswith(prefix):
+                return json.loads(line[len(prefix):])
+        self.log.seek(0)
+        raise SystemExit(f"peer benchmark failed (exit {self.proc.wait()}):\n{self.log.read()[-4000:]}")
+
+    def time(self, name):
+        self.proc.stdin.write(json.dumps({"time": name}) + "\n")
+        self.proc.stdin.flush()
+        return self._answer("DONE ")
+
+    def stages(self, name):
+        self.proc.stdin.write(json.dumps({"stages": name}) + "\n")
+        self.proc.stdin.flush()
+        return self._answer("DONE ")
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.write("{}\n")
+            self.proc.stdin.flush()
+            self.proc.wait()
+        self.log.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparison and table
+
+
+def keypoint_agreement(ours, theirs):
+    """Max |diff| (px) of keypoints and of scores, share of keypoints within 0.01 px, box by box."""
+    diffs, score_diffs = [], []
+    for (kpts, scores), image in zip(ours, theirs):
+        other = np.array([k for k, _ in image], np.float64).reshape(kpts.shape)
+        other_scores = np.array([s for _, s in image], np.float64).reshape(scores.shape)
+        diffs.append(np.abs(kpts - other).max(-1).reshape(-1))
+        score_diffs.append(np.abs(scores - other_scores).reshape(-1))
+    diffs, score_diffs = np.concatenate(diffs), np.concatenate(score_diffs)
+    return dict(max_px=float(diffs.max()), within_001=float((diffs <= 0.01).mean()),
+                p99_px=float(np.percentile(diffs, 99)),
+                median_px=float(np.median(diffs)), max_score=float(score_diffs.max()))
+
+
+def print_table(rows, people, frames, reference):
+    print("\n| implementation | s / pass (median) | frames/s | people/s | x ours | decode | crop | pose | "
+          "decode heatmaps | other | keypoints vs ours |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    for name, times, stages, agreement in rows:
+        t = statistics.median(times)
+        total = sum(stages.values())
+        share = {k: 100 * v / total for k, v in stages.items()} if total else {}
+        other = sum(v for k, v in share.items() if k not in ("decode", "crop", "pose", "decode heatmaps"))
+        agree = ("-" if agreement is None else
+                 f"median {agreement['median_px']:.2g} px, 99th percentile {agreement['p99_px']:.3g} px, "
+                 f"max {agreement['max_px']:.3g} px, "
+                 f"{100 * agreement['within_001']:.1f}% within 0.01 px, "
+                 f"scores max {agreement['max_score']:.2g}")
+        print(f"| {name} | {t:.3f} | {frames / t:.3f} | {people / t:.2f} | {t / reference:.2f} | "
+              f"{share.get('decode', 0):.0f}% | {share.get('crop', 0):.0f}% | {share.get('pose', 0):.0f}% | "
+              f"{share.get('decode heatmaps', 0):.0f}% | {other:.0f}% | {agree} |")
+
+
+# ---------------------------------------------------------------------------------------------
+# Pipeline: threads vs sequential on a synthetic clip
+
+
+def demo_predictor(flip, device="cpu"):
+    """The demo config's small ViTPose (4 blocks, 128x96 crops): a model fast enough on a CPU that
+    decoding, drawing and writing are a real share of a frame's time."""
+    from vitpose.builders import build_codec, build_model_from_config
+    from vitpose.config import load_config
+
+    cfg = load_config(REPO / "configs" / "demo.yaml")
+    model = draw_weights(build_model_from_config(cfg.model)).eval()
+    return Predictor(model, codec=build_codec(cfg.model), device=device, flip_test=flip)
+
+
+def bench_pipeline(predictors, args, folder):
+    from vitpose.video import run_video
+
+    path = folder / "clip.mp4"
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), 25.0, (640, 480))
+    rng = np.random.default_rng(0)
+    background = cv2.GaussianBlur(rng.integers(0, 255, (480, 640, 3), dtype=np.uint8), (0, 0), 5)
+    for f in range(args.pipeline_frames):
+        frame = background.copy()
+        for p in range(2):
+            x = 60 + 200 * p + 4 * f
+            cv2.rectangle(frame, (x, 100), (x + 80, 380), (40 + 100 * p, 200, 90), -1)
+        writer.write(frame)
+    writer.release()
+    boxes = folder / "clip_boxes.json"
+    boxes.write_text(json.dumps([{"frame": f, "bbox": [60 + 200 * p + 4 * f - 10, 90, 100, 300], "score": 0.9}
+                                 for f in range(args.pipeline_frames) for p in range(2)]))
+    print(f"\nvideo pipeline (vitpose.video.run_video), {args.pipeline_frames} frames 640x480 mp4, 2 boxes per "
+          f"frame from a file, --track --out --json, {args.batch_frames} frames per model batch, best of 2 runs "
+          f"each, alternating:")
+    for label, predictor in predictors:
+        results = {}
+        for pipeline in ("sequential", "threads", "sequential", "threads"):
+            ns = argparse.Namespace(out=str(folder / f"out_{pipeline}"), json=str(folder / f"{pipeline}.json"),
+                                    track=True, smooth=False, no_flip=args.no_flip, device=args.device,
+                                    detector="none",
+                                    boxes=str(boxes), pipeline=pipeline, progress=False, quiet=True,
+                                    batch_frames=args.batch_frames)
+            results.setdefault(pipeline, []).append(run_video(predictor, str(path), ns))
+        best = {k: min(v, key=lambda s: s.wall_seconds) for k, v in results.items()}
+        print(f"  {label}: threads {best['threads'].frames_per_second:.2f} frames/s, sequential "
+              f"{best['sequential'].frames_per_second:.2f} frames/s "
+              f"({best['sequential'].wall_seconds / best['threads'].wall_seconds:.2f}x)")
+        for pipeline, summary in best.items():
+            total = sum(summary.stage_seconds.values())
+            print(f"    {pipeline:10s} {summary.wall_seconds:.2f} s wall; stage time "
+                  + ", ".join(f"{k} {v:.2f} s ({100 * v / total:.0f}%)" for k, v in summary.stage_seconds.items()))
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="vitpose-s")
+    parser.add_argument("--decoder", default="classic", choices=["classic", "simple"])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="cpu | cuda (GPU figures: ours warps crops on the GPU)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-images", type=int, default=None, help="the first N coco-mini images only")
+    parser.add_argument("--max-boxes", type=int, default=None, help="the first N boxes of each image only")
+    parser.add_argument("--no-flip", action="store_true", help="single forward (default: flip test, as ViTPose)")
+    parser.add_argument("--batch-size", type=int, default=64, help="crops per forward pass for ours")
+    parser.add_argument("--peers", nargs="*", default=["hf", "mmpose"], choices=["hf", "mmpose"])
+    parser.add_argument("--no-peers", action="store_true")
+    parser.add_argument("--amp", action="store_true", help="add a bf16-autocast run of ours (keypoints not equal)")
+    parser.add_argument("--pipeline", action="store_true", help="also time the video pipeline, threads vs sequential")
+    parser.add_argument("--pipeline-frames", type=int, default=24)
+    parser.add_argument("--batch-frames", type=int, default=8)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    flip = not args.no_flip
+    inputs = load_inputs(args.max_images, args.max_boxes)
+    people = sum(len(item["boxes_xywh"]) for item in inputs)
+    frames = len(inputs)
+    print(f"{args.model} {args.decoder}, flip test {'on' if flip else 'off'}, {frames} coco-mini images, {people} "
+          f"boxes, {args.device}, {args.threads} torch threads, median of {args.repeats} after 1 warm-up, torch "
+          f"{torch.__version__}, OpenCV {cv2.__version__}")
+
+    model = draw_weights(build_model(args.model, args.decoder)).eval()
+    predictor = Predictor(model, device=args.device, flip_test=flip, batch_size=args.batch_size)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        files = write_weights(model, args.model, args.decoder, folder)
+        files["check"] = write_weights_check(model, inputs, folder)
+        ours_predict = run_ours_predict(predictor, inputs)
+        ours_batched = run_ours_batched(predictor, inputs, flip=flip)
+        for (a, sa), (b, sb) in zip(ours_predict, ours_batched):
+            assert np.array_equal(a, b) and np.array_equal(sa, sb), "batched keypoints differ from predict"
+
+        runners = {"ours-predict": lambda: run_ours_predict(predictor, inputs),
+                   "ours-batched": lambda: run_ours_batched(predictor, inputs, flip=flip)}
+        amp_keypoints = None
+        if args.amp:
+            amp = Predictor(model, device=args.device, flip_test=flip, batch_size=args.batch_size,
+                            amp_dtype=torch.bfloat16)
+            amp_keypoints = run_ours_batched(amp, inputs, flip=flip)
+            runners["ours-bf16"] = lambda: run_ours_batched(amp, inputs, flip=flip)
+        peers = None if args.no_peers else Peers(args, files, inputs, folder)
+        try:
+            for name in ([] if peers is None else args.peers):
+                runners[name] = lambda name=name: peers.time(name)
+            # Rounds: every implementation once per round, in the same order, so that the machine's
+            # drift (other jobs) spreads over all of them; round 0 is the warm-up.
+            times = {name: [] for name in runners}
+            for round_index in range(args.repeats + 1):
+                for name, run in runners.items():
+                    t0 = time.perf_counter()
+                    answer = run()
+                    seconds = answer if isinstance(answer, float) else time.perf_counter() - t0
+                    if round_index:
+                        times[name].append(seconds)
+                print(f"round {round_index}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items() if v)
+                      if round_index else "round 0 (warm-up) done", flush=True)
+            peer_stages = {} if peers is None else {name: peers.stages(name) for name in args.peers}
+        finally:
+            if peers is not None:
+                peers.close()
+
+        rows = []
+        stages = StageTimer()
+        restore = instrument_predictor(stages)
+        try:
+            run_ours_predict(predictor, inputs, stages)
+        finally:
+            restore()
+        rows.append(("ours, Predictor.predict per image", times["ours-predict"], stages.seconds, None))
+        stages = StageTimer()
+        run_ours_batched(predictor, inputs, stages, flip=flip)
+        rows.append(("ours, batched over images + reader thread", times["ours-batched"], stages.seconds, None))
+        labels = {"hf": "HF transformers {version} ({attn} attention)", "mmpose": "MMPose {version} inference_topdown"}
+        for name in peer_stages:
+            res = peers.ready[name]
+            rows.append((labels[name].format(**res), times[name], peer_stages[name],
+                         keypoint_agreement(ours_predict, res["keypoints"])))
+            print(f"weights check, {name} model on our normalised crops: max |heatmap diff| {res['weights_check']:.2g}")
+        if amp_keypoints is not None:
+            stages = StageTimer()
+            run_ours_batched(amp, inputs, stages, flip=flip)
+            as_lists = [[[k.tolist(), s.tolist()] for k, s in zip(*image)] for image in amp_keypoints]
+            rows.append(("ours, batched, bf16 autocast", times["ours-bf16"], stages.seconds,
+                         keypoint_agreement(ours_predict, as_lists)))
+        t_predict, t_batched = times["ours-predict"], times["ours-batched"]
+        reference = min(statistics.median(t_predict), statistics.median(t_batched))
+        print_table(rows, people, frames, reference)
+        if peer_stages:
+            fastest_peer = min(statistics.median(times[name]) for name in peer_stages)
+            print(f"\nours (best) vs the faster peer: {fastest_peer / reference:.2f}x "
+                  f"(goal >= 2x at equal keypoints)")
+        if args.pipeline:
+            bench_pipeline([(f"{args.model} {args.decoder}", predictor),
+                            ("demo config (4-block ViT, 128x96 crops)", demo_predictor(flip, args.device))], args, folder)
+
+
+if __name__ == "__main__":
+    main()

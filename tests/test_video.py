@@ -1,0 +1,332 @@
+"""vitpose.video: poses on a short synthetic video, through run_video and the command line.
+
+The video: two stick figures (drawn with vitpose.draw_pose) walking in opposite directions,
+12 frames at 12.5 frames/s. The stand-in detector finds them from the pixels (connected
+components of the bright figures), so boxes, crops and tracks are all made from the frames.
+"""
+
+import argparse
+import json
+
+import cv2
+import numpy as np
+import pytest
+import torch
+from conftest import REPO
+
+from vitpose.builders import build_codec, build_model_from_config
+from vitpose.config import load_config
+from vitpose.inference import Predictor
+from vitpose.tracking import KeypointSmoother, Tracker
+from vitpose.video import FrameReader, load_frame_boxes, run_video
+from vitpose.visualize import draw_pose
+
+NUM_FRAMES, FPS, SIZE = 12, 12.5, (320, 240)
+# A standing figure: COCO-17 keypoints as fractions of (width 50, height 100) from its top left.
+FIGURE = np.array([[0.50, 0.08], [0.56, 0.05], [0.44, 0.05], [0.64, 0.08], [0.36, 0.08],
+                   [0.80, 0.24], [0.20, 0.24], [0.86, 0.42], [0.14, 0.42], [0.90, 0.58],
+                   [0.10, 0.58], [0.66, 0.56], [0.34, 0.56], [0.70, 0.76], [0.30, 0.76],
+                   [0.72, 0.95], [0.28, 0.95]]) * [50, 100]
+
+
+def figure_positions(frame):
+    """Top-left corners of figure A (top row, walking right) and B (bottom row, walking left)."""
+    return np.array([20.0 + 10 * frame, 8.0]), np.array([250.0 - 10 * frame, 128.0])
+
+
+def synthetic_frame(frame):
+    image = np.full((SIZE[1], SIZE[0], 3), 30, np.uint8)
+    for corner in figure_positions(frame):
+        image = draw_pose(image, FIGURE + corner, radius=4, thickness=4, channels="bgr")
+    return image
+
+
+def write_video(path, fourcc, frames=NUM_FRAMES):
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*fourcc), FPS, SIZE)
+    assert writer.isOpened()
+    for f in range(frames):
+        writer.write(synthetic_frame(f))
+    writer.release()
+    return path
+
+
+def blob_detector(images):
+    """People = connected bright regions (the figures on the dark background), top to bottom."""
+    out = []
+    for rgb in images:
+        mask = (rgb.max(axis=2) > 90).astype(np.uint8)
+        count, _, stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8)
+        boxes = [[x, y, x + w, y + h] for x, y, w, h, area in stats[1:count] if area > 100]
+        boxes.sort(key=lambda b: b[1])
+        out.append((np.array(boxes, np.float64).reshape(-1, 4), np.full(len(boxes), 0.9)))
+    return out
+
+
+def read_video(path):
+    capture = cv2.VideoCapture(str(path))
+    count, fps = capture.get(cv2.CAP_PROP_FRAME_COUNT), capture.get(cv2.CAP_PROP_FPS)
+    frames = []
+    while True:
+        ok, frame = capture.read()
+        if not ok:
+            break
+        frames.append(frame)
+    capture.release()
+    return frames, count, fps
+
+
+def options(tmp_path, **kw):
+    base = dict(out=None, json=str(tmp_path / "poses.json"), track=False, smooth=False, no_flip=False,
+                device="cpu", detector="blobs", boxes=None, progress=False, quiet=True)
+    return argparse.Namespace(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def predictor(tmp_path_factory):
+    """The demo config's small ViTPose (128x96 crops) with random weights drawn so heatmaps
+    have clear, crop-dependent peaks (the fixtures' recipe)."""
+    cfg = load_config(REPO / "configs" / "demo.yaml")
+    torch.manual_seed(0)
+    model = build_model_from_config(cfg.model)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.1)
+            elif p.ndim == 1:
+                p.uniform_(0.5, 1.5)
+            else:
+                p.normal_(0, 0.05 if "pos_embed" not in name else 0.5)
+    return Predictor(model, codec=build_codec(cfg.model), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def video(tmp_path_factory):
+    return write_video(tmp_path_factory.mktemp("video") / "walk.mp4", "mp4v")
+
+
+@pytest.fixture(scope="module")
+def tracked(predictor, video, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("tracked")
+    args = options(tmp, out=str(tmp / "drawn"), track=True, pipeline="threads")
+    summary = run_video(predictor, str(video), args, detector=blob_detector)
+    return summary, json.loads((tmp / "poses.json").read_text()), tmp
+
+
+def test_video_out_has_the_source_frame_count_and_rate(tracked, video):
+    summary, _, tmp = tracked
+    frames, count, fps = read_video(tmp / "drawn" / "walk.mp4")
+    assert summary.video_path == str(tmp / "drawn" / "walk.mp4")
+    assert len(frames) == count == NUM_FRAMES and summary.frames_written == NUM_FRAMES
+    assert summary.exit_status == 0
+    assert fps == pytest.approx(FPS)
+    assert frames[0].shape == (SIZE[1], SIZE[0], 3)
+    source, _, _ = read_video(video)
+    # drawn boxes and skeletons change the picture; the background corner does not
+    assert not np.array_equal(frames[3], source[3])
+    assert np.abs(frames[3][-10:, :10].astype(int) - source[3][-10:, :10]).max() < 20
+
+
+def test_json_has_every_frame_and_stable_track_ids(tracked):
+    summary, records, _ = tracked
+    assert summary.frames_done == NUM_FRAMES and summary.people == 2 * NUM_FRAMES and summary.tracks == 2
+    assert sorted(r["frame"] for r in records) == sorted(list(range(NUM_FRAMES)) * 2)
+    for r in records:
+        assert set(r) == {"frame", "category_id", "keypoints", "score", "bbox", "track_id"}
+        assert len(r["keypoints"]) == 17 * 3 and r["category_id"] == 1
+        top_row = r["bbox"][1] < SIZE[1] / 2
+        assert r["track_id"] == (0 if top_row else 1), r
+        a, b = figure_positions(r["frame"])
+        corner = a if top_row else b
+        assert abs(r["bbox"][0] - (corner[0] + FIGURE[:, 0].min())) < 8  # the detector found the figure
+
+
+def test_json_keypoints_equal_predictor_on_the_same_boxes(tracked, predictor, video):
+    _, records, _ = tracked
+    frames, _, _ = read_video(video)
+    for frame_index in (0, 7, 11):
+        mine = sorted((r for r in records if r["frame"] == frame_index), key=lambda r: r["track_id"])
+        boxes = np.array([[x, y, x + w, y + h] for x, y, w, h in (r["bbox"] for r in mine)])
+        keypoints, scores = predictor.predict(frames[frame_index], boxes, channels="bgr")
+        got = np.array([r["keypoints"] for r in mine]).reshape(-1, 17, 3)
+        np.testing.assert_array_equal(got[..., :2], keypoints)
+        np.testing.assert_array_equal(got[..., 2], scores.astype(np.float64))
+        expected_score = 0.9 * np.array([s[s > 0.2].mean() if (s > 0.2).any() else 0.0 for s in scores])
+        np.testing.assert_allclose([r["score"] for r in mine], expected_score, rtol=1e-6)
+
+
+def test_sequential_pipeline_and_torch_warp_give_the_same_json(tracked, predictor, video, tmp_path):
+    _, threaded, _ = tracked
+    args = options(tmp_path, track=True, gpu_warp=True, batch_frames=5)  # auto: sequential on the CPU
+    summary = run_video(predictor, str(video), args, detector=blob_detector)
+    assert summary.pipeline == "sequential" and summary.frames_done == NUM_FRAMES
+    assert json.loads((tmp_path / "poses.json").read_text()) == threaded
+
+
+def test_stage_times_and_summary_text(tracked):
+    summary, _, _ = tracked
+    for stage in ("decode", "detect", "crop", "pose", "decode heatmaps", "track", "draw", "write"):
+        assert summary.stage_seconds[stage] > 0, stage
+    text = summary.format()
+    assert "12 frames, 24 people, 2 tracks" in text and "frames/s" in text and "stage time: decode" in text
+    assert "threads pipeline" in text
+
+
+def corrupt_frame(path, frame_index):
+    """Overwrite the start of one MJPG frame's JPEG data (after its SOI marker) with zeros."""
+    data = bytearray(path.read_bytes())
+    starts = [i for i in range(len(data) - 2) if data[i] == 0xFF and data[i + 1] == 0xD8 and data[i + 2] == 0xFF]
+    assert len(starts) == NUM_FRAMES
+    data[starts[frame_index] + 2:starts[frame_index] + 402] = bytes(400)
+    path.write_bytes(bytes(data))
+
+
+def test_corrupt_frame_is_counted_skipped_and_said(predictor, tmp_path):
+    video = write_video(tmp_path / "corrupt.avi", "MJPG")
+    corrupt_frame(video, 5)
+    args = options(tmp_path, out=str(tmp_path / "drawn.avi"), track=True)
+    summary = run_video(predictor, str(video), args, detector=blob_detector)
+    assert summary.skipped == [5] and summary.missing_at_end == 0
+    assert summary.frames_decoded == summary.frames_done == NUM_FRAMES - 1
+    records = json.loads((tmp_path / "poses.json").read_text())
+    assert sorted({r["frame"] for r in records}) == [f for f in range(NUM_FRAMES) if f != 5]
+    assert {r["track_id"] for r in records} == {0, 1}  # the one-frame gap keeps both ids
+    frames, count, fps = read_video(tmp_path / "drawn.avi")
+    assert len(frames) == NUM_FRAMES and fps == pytest.approx(FPS)  # frame 5 repeats frame 4
+    np.testing.assert_array_equal(frames[5], frames[4])
+    assert "1 frame(s) failed to decode and were skipped: 5" in summary.format()
+    assert summary.exit_status == 1
+
+
+def test_video_that_ends_early_is_said(predictor, tmp_path):
+    video = write_video(tmp_path / "cut.avi", "MJPG")
+    data = video.read_bytes()
+    video.write_bytes(data[: int(len(data) * 0.6)])
+    args = options(tmp_path, out=str(tmp_path / "out"))
+    summary = run_video(predictor, str(video), args, detector=blob_detector)
+    assert 0 < summary.frames_done < NUM_FRAMES
+    assert summary.missing_at_end == NUM_FRAMES - summary.frames_done and summary.skipped == []
+    frames, _, _ = read_video(tmp_path / "out" / "cut.mp4")
+    assert len(frames) == summary.frames_done
+    assert f"the video ended early: {summary.missing_at_end} of the {NUM_FRAMES} frames" in summary.format()
+
+
+def test_frames_without_people_have_no_records(predictor, video, tmp_path):
+    boxes = tmp_path / "boxes.json"
+    a, b = figure_positions(0)
+    boxes.write_text(json.dumps([
+        {"frame": 0, "category_id": 1, "bbox": [*(a + 5), 45, 95], "score": 0.8},
+        {"frame": 2, "category_id": 1, "bbox": [*(b + 5), 45, 95], "score": 0.7},
+        {"frame": 2, "category_id": 2, "bbox": [0, 0, 10, 10], "score": 0.7},  # not a person
+    ]))
+    summary = run_video(predictor, str(video), options(tmp_path, detector="none", boxes=str(boxes)))
+    records = json.loads((tmp_path / "poses.json").read_text())
+    assert summary.frames_done == NUM_FRAMES and summary.people == 2
+    assert [(r["frame"], r["bbox"]) for r in records] == [(0, [*(a + 5), 45, 95]), (2, [*(b + 5), 45, 95])]
+    assert "track_id" not in records[0]
+
+
+def test_full_frame_boxes(predictor, video, tmp_path):
+    run_video(predictor, str(video), options(tmp_path, detector="full-frame", no_flip=True))
+    records = json.loads((tmp_path / "poses.json").read_text())
+    assert [r["frame"] for r in records] == list(range(NUM_FRAMES))
+    assert all(r["bbox"] == [0.0, 0.0, SIZE[0], SIZE[1]] for r in records)
+
+
+def test_smooth_is_the_one_euro_filter_per_track(tracked, predictor, video, tmp_path):
+    _, raw, _ = tracked
+    run_video(predictor, str(video), options(tmp_path, smooth=True), detector=blob_detector)
+    smoothed = json.loads((tmp_path / "poses.json").read_text())
+    assert all("track_id" not in r for r in smoothed)  # --smooth tracks internally, --track reports
+    smoother = KeypointSmoother(FPS)
+    expected = []
+    for f in range(NUM_FRAMES):
+        mine = [r for r in raw if r["frame"] == f]
+        ids = np.array([r["track_id"] for r in mine])
+        kpts = np.array([r["keypoints"] for r in mine]).reshape(-1, 17, 3)
+        expected.append(smoother.smooth(ids, kpts[..., :2], f))
+    got = np.array([r["keypoints"] for r in smoothed]).reshape(NUM_FRAMES, 2, 17, 3)
+    np.testing.assert_allclose(got[..., :2], np.stack(expected), rtol=0, atol=1e-9)
+    raw_kpts = np.array([r["keypoints"] for r in raw]).reshape(NUM_FRAMES, 2, 17, 3)
+    np.testing.assert_array_equal(got[..., 2], raw_kpts[..., 2])  # scores are not filtered
+    assert np.abs(got[1:, ..., :2] - raw_kpts[1:, ..., :2]).max() > 0.1
+
+
+def test_tracker_ids_match_a_direct_tracker_run(tracked):
+    _, records, _ = tracked
+    tracker = Tracker()
+    for f in range(NUM_FRAMES):
+        mine = [r for r in records if r["frame"] == f]
+        boxes = np.array([[x, y, x + w, y + h] for x, y, w, h in (r["bbox"] for r in mine)])
+        kpts = np.array([r["keypoints"] for r in mine]).reshape(-1, 17, 3)
+        assert tracker.update(boxes, kpts[..., :2], kpts[..., 2], frame=f).tolist() == [r["track_id"] for r in mine]
+
+
+def test_bad_sources_and_boxes_are_named(predictor, tmp_path):
+    with pytest.raises(FileNotFoundError, match="video not found: .*missing.mp4"):
+        run_video(predictor, str(tmp_path / "missing.mp4"), options(tmp_path))
+    not_video = tmp_path / "notes.mp4"
+    not_video.write_text("not a video")
+    with pytest.raises(ValueError, match="notes.mp4: OpenCV cannot open this file as a video"):
+        FrameReader(str(not_video))
+    with pytest.raises(ValueError, match="webcam 99: camera could not be opened"):
+        FrameReader("99")
+    video = write_video(tmp_path / "ok.mp4", "mp4v", frames=2)
+    with pytest.raises(ValueError, match="--detector none needs --boxes"):
+        run_video(predictor, str(video), options(tmp_path, detector="none"))
+    with pytest.raises(ValueError, match="no person detector: this predictor has none attached"):
+        run_video(predictor, str(video), options(tmp_path, detector="default"))
+    with pytest.raises(ValueError, match="frames per batch must be >= 1"):
+        run_video(predictor, str(video), options(tmp_path, detector="full-frame", batch_frames=0))
+    bad = tmp_path / "bad_boxes.json"
+    bad.write_text(json.dumps([{"frame": 0, "bbox": [1, 2, 3, 4]}, {"frame": 1, "bbox": [1, 2, 0, 4]}]))
+    with pytest.raises(ValueError, match=r"bad_boxes.json: record 1: field 'bbox' has zero or negative"):
+        load_frame_boxes(bad)
+    bad.write_text(json.dumps([{"image_id": "a", "bbox": [1, 2, 3, 4]}]))
+    with pytest.raises(ValueError, match=r"record 0: field 'frame'"):
+        load_frame_boxes(bad)
+
+
+def test_a_failing_detector_stops_the_threads_and_raises(predictor, video, tmp_path):
+    def broken(images):
+        raise RuntimeError("detector exploded")
+    with pytest.raises(RuntimeError, match="detector exploded"):
+        run_video(predictor, str(video), options(tmp_path, out=str(tmp_path / "o"), pipeline="threads"),
+                  detector=broken)
+
+
+def test_cli_predict_video_with_track(predictor, video, tmp_path):
+    cli = pytest.importorskip("vitpose.cli")
+    if not hasattr(cli, "main"):
+        pytest.skip("vitpose.cli has no main yet (the `predict` command is helper hub's)")
+    from vitpose.models.checkpoint import save_weights
+
+    checkpoint = tmp_path / "demo.safetensors"
+    save_weights(predictor.model, checkpoint)
+    code = cli.main(["predict", str(video), "--config", str(REPO / "configs" / "demo.yaml"),
+                     "--model", str(checkpoint), "--detector", "full-frame", "--track",
+                     "--json", str(tmp_path / "cli.json"), "--out", str(tmp_path / "cli_out"), "--device", "cpu"])
+    assert code in (0, None)
+    records = json.loads((tmp_path / "cli.json").read_text())
+    assert [r["frame"] for r in records] == list(range(NUM_FRAMES))
+    assert {r["track_id"] for r in records} == {0}
+    frames, count, fps = read_video(tmp_path / "cli_out" / "walk.mp4")
+    assert len(frames) == NUM_FRAMES and fps == pytest.approx(FPS)
+
+
+@pytest.mark.parametrize("pipeline", ["threads", "sequential"])
+def test_ctrl_c_ends_the_outputs_cleanly(predictor, video, tmp_path, pipeline):
+    calls = []
+
+    def interrupted_on_the_second_batch(images):
+        calls.append(len(images))
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return blob_detector(images)
+
+    args = options(tmp_path, out=str(tmp_path / "o"), pipeline=pipeline, batch_frames=4, track=True)
+    summary = run_video(predictor, str(video), args, detector=interrupted_on_the_second_batch)
+    assert summary.interrupted and summary.frames_done == 4
+    assert sorted({r["frame"] for r in json.loads((tmp_path / "poses.json").read_text())}) == [0, 1, 2, 3]
+    frames, _, _ = read_video(tmp_path / "o" / "walk.mp4")
+    assert len(frames) == 4
+    assert "stopped by the user after 4 frames" in summary.format()

@@ -1,0 +1,291 @@
+"""Identities across video frames (`--track`) and less keypoint jitter (`--smooth`).
+
+`Tracker` gives every person a `track_id` that stays the same from frame to frame: each frame's
+detections are matched greedily to the tracks alive, best similarity first (box IoU, or the
+keypoints' OKS), after moving each track by its own velocity to the current frame. A track that
+finds no match survives `max_age` frames, so a person missed by the detector for a frame or two,
+or a corrupt frame of the video, keeps the id; after a longer gap the person gets a new one.
+
+`OneEuroFilter` is the One-Euro filter of Casiez, Roussel and Vogel, "1 euro filter: a simple
+speed-based low-pass filter for noisy input in interactive systems" (CHI 2012): an exponential
+smoother whose cutoff frequency rises with the signal's speed, so that a still keypoint stops
+shaking while a moving one lags little. `KeypointSmoother` keeps one filter per track.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from vitpose.coco_meta import SIGMAS
+
+__all__ = ["KeypointSmoother", "OneEuroFilter", "Tracker", "box_iou", "keypoint_oks"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Similarities
+
+
+def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Intersection over union of boxes a (T, 4) and b (D, 4), xyxy pixels -> (T, D) float64."""
+    a = np.asarray(a, np.float64).reshape(-1, 4)
+    b = np.asarray(b, np.float64).reshape(-1, 4)
+    top_left = np.maximum(a[:, None, :2], b[None, :, :2])
+    bottom_right = np.minimum(a[:, None, 2:], b[None, :, 2:])
+    inter = np.prod(np.clip(bottom_right - top_left, 0, None), axis=-1)
+    area_a = np.prod(np.clip(a[:, 2:] - a[:, :2], 0, None), axis=-1)
+    area_b = np.prod(np.clip(b[:, 2:] - b[:, :2], 0, None), axis=-1)
+    union = area_a[:, None] + area_b[None, :] - inter
+    return np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
+
+
+def keypoint_oks(a: np.ndarray, b: np.ndarray, areas: np.ndarray, visible: np.ndarray | None = None,
+                 sigmas=SIGMAS) -> np.ndarray:
+    """COCO's object keypoint similarity of keypoints a (T, K, 2) against b (D, K, 2) -> (T, D).
+
+    OKS = mean over the counted keypoints of exp(-d^2 / (2 * s * (2 sigma_k)^2)), s = the area
+    (pixels^2) of b's instance (`areas` (D,)), as COCOeval scores a detection against a person.
+    visible (T, D, K) bool says which keypoints count (default: all); a pair with none scores 0.
+    """
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    variances = (2 * np.asarray(sigmas, np.float64)) ** 2
+    if variances.shape[0] != a.shape[1]:
+        raise ValueError(f"{variances.shape[0]} OKS sigmas for {a.shape[1]} keypoints")
+    d2 = ((a[:, None] - b[None]) ** 2).sum(-1)  # (T, D, K)
+    scale = np.maximum(np.asarray(areas, np.float64), np.spacing(1))[None, :, None]
+    similarity = np.exp(-d2 / (2 * scale * variances))
+    if visible is None:
+        visible = np.ones(d2.shape, bool)
+    counted = visible.sum(-1)
+    total = np.where(visible, similarity, 0.0).sum(-1)
+    return np.divide(total, counted, out=np.zeros_like(total), where=counted > 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tracking
+
+
+@dataclass
+class _Track:
+    track_id: int
+    box: np.ndarray  # (4,) xyxy at `last_frame`
+    velocity: np.ndarray  # (4,) box change per frame
+    keypoints: np.ndarray | None  # (K, 2) at `last_frame`
+    keypoint_scores: np.ndarray | None  # (K,)
+    last_frame: int
+
+    def predicted(self, frame: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Box and keypoints moved on by the velocity to `frame` (constant-velocity model)."""
+        step = self.velocity * (frame - self.last_frame)
+        box = self.box + step
+        if self.keypoints is None:
+            return box, None
+        centre_step = (step[:2] + step[2:]) / 2
+        return box, self.keypoints + centre_step
+
+
+class Tracker:
+    """Greedy frame-to-frame association with stable ids through short gaps.
+
+    Args:
+        max_age: frames a track may go unmatched and still take a detection again (default 5,
+            i.e. 1/6 s at 30 frames/s). A person missed for more frames gets a new id.
+        min_similarity: the least IoU (or OKS) for a detection to continue a track (default 0.3);
+            below it the detection starts a new track.
+        metric: "iou" (boxes; default) or "oks" (keypoints, COCO sigmas, the detection's box
+            area as the scale; needs keypoints in `update`). OKS tells apart two people whose
+            boxes overlap but whose bodies do not.
+        velocity_weight: how much of each new displacement goes into a track's velocity
+            (exponential average per frame; 1 = last displacement only, 0 = no motion model).
+        keypoint_thr: with metric "oks", keypoints scoring at most this in either frame are not
+            counted.
+        sigmas: per-keypoint OKS sigmas (default COCO-17's).
+
+    `update(boxes, keypoints=None, keypoint_scores=None, frame=None) -> ids (D,) int64`: call once
+    per frame in order. `frame` is the frame index (default: the previous one + 1); frames that
+    were skipped (corrupt or not decoded) count towards a track's age. Ids start at 0 and are
+    never reused. Association: every (track, detection) pair is scored against the track moved by
+    its velocity to this frame; pairs are taken from the best down (ties: lower track index, then
+    lower detection index) while both are free and the score is at least `min_similarity`.
+    """
+
+    def __init__(self, max_age: int = 5, min_similarity: float = 0.3, metric: str = "iou",
+                 velocity_weight: float = 0.5, keypoint_thr: float = 0.3, sigmas=SIGMAS):
+        if metric not in ("iou", "oks"):
+            raise ValueError(f"metric must be 'iou' or 'oks', got {metric!r}")
+        if max_age < 0:
+            raise ValueError(f"max_age must be >= 0 frames, got {max_age}")
+        if not 0.0 <= velocity_weight <= 1.0:
+            raise ValueError(f"velocity_weight must be in [0, 1], got {velocity_weight}")
+        self.max_age = int(max_age)
+        self.min_similarity = float(min_similarity)
+        self.metric = metric
+        self.velocity_weight = float(velocity_weight)
+        self.keypoint_thr = float(keypoint_thr)
+        self.sigmas = tuple(sigmas)
+        self.tracks: list[_Track] = []
+        self.next_id = 0
+        self.frame = -1
+
+    def update(self, boxes, keypoints=None, keypoint_scores=None, frame: int | None = None) -> np.ndarray:
+        boxes = np.asarray(boxes, np.float64).reshape(-1, 4)
+        frame = self.frame + 1 if frame is None else int(frame)
+        if frame <= self.frame:
+            raise ValueError(f"frames must come in increasing order: got {frame} after {self.frame}")
+        if self.metric == "oks" and keypoints is None:
+            raise ValueError("Tracker(metric='oks') needs the keypoints of every detection")
+        if keypoints is not None:
+            keypoints = np.asarray(keypoints, np.float64).reshape(len(boxes), -1, 2)
+            if keypoint_scores is None:
+                keypoint_scores = np.ones(keypoints.shape[:2])
+            keypoint_scores = np.asarray(keypoint_scores, np.float64).reshape(keypoints.shape[:2])
+        self.frame = frame
+        # A track unmatched for more than max_age frames in between ends here.
+        self.tracks = [t for t in self.tracks if frame - t.last_frame - 1 <= self.max_age]
+
+        similarity = self._similarity(boxes, keypoints, keypoint_scores, frame)
+        ids = np.full(len(boxes), -1, np.int64)
+        order = np.argsort(-similarity, axis=None, kind="stable")
+        used_tracks = set()
+        for flat in order:
+            t, d = divmod(int(flat), len(boxes))
+            if similarity[t, d] < self.min_similarity:
+                break
+            if t in used_tracks or ids[d] >= 0:
+                continue
+            used_tracks.add(t)
+            ids[d] = self.tracks[t].track_id
+            self._continue(self.tracks[t], boxes[d], keypoints, keypoint_scores, d, frame)
+        for d in np.nonzero(ids < 0)[0]:
+            ids[d] = self._start(boxes[d], keypoints, keypoint_scores, d, frame)
+        return ids
+
+    def _similarity(self, boxes, keypoints, keypoint_scores, frame) -> np.ndarray:
+        if not self.tracks or not len(boxes):
+            return np.zeros((len(self.tracks), len(boxes)))
+        predicted = [t.predicted(frame) for t in self.tracks]
+        if self.metric == "iou":
+            return box_iou(np.stack([box for box, _ in predicted]), boxes)
+        if any(kpts is None for _, kpts in predicted):
+            raise ValueError("Tracker(metric='oks'): a track was started without keypoints")
+        track_kpts = np.stack([kpts for _, kpts in predicted])
+        track_scores = np.stack([t.keypoint_scores for t in self.tracks])
+        visible = (track_scores[:, None, :] > self.keypoint_thr) & (keypoint_scores[None] > self.keypoint_thr)
+        areas = np.prod(np.clip(boxes[:, 2:] - boxes[:, :2], 0, None), axis=-1)
+        return keypoint_oks(track_kpts, keypoints, areas, visible, self.sigmas)
+
+    def _continue(self, track: _Track, box, keypoints, keypoint_scores, d, frame) -> None:
+        displacement = (box - track.box) / (frame - track.last_frame)
+        w = self.velocity_weight
+        track.velocity = w * displacement + (1 - w) * track.velocity
+        track.box = box.copy()
+        if keypoints is not None:
+            track.keypoints = keypoints[d].copy()
+            track.keypoint_scores = keypoint_scores[d].copy()
+        track.last_frame = frame
+
+    def _start(self, box, keypoints, keypoint_scores, d, frame) -> int:
+        track = _Track(self.next_id, box.copy(), np.zeros(4),
+                       None if keypoints is None else keypoints[d].copy(),
+                       None if keypoints is None else keypoint_scores[d].copy(), frame)
+        self.tracks.append(track)
+        self.next_id += 1
+        return track.track_id
+
+
+# ---------------------------------------------------------------------------------------------
+# Smoothing
+
+
+def smoothing_factor(cutoff, dt: float):
+    """Exponential smoothing factor of a first-order low-pass at `cutoff` Hz sampled every dt s:
+    alpha = 1 / (1 + tau / dt) with tau = 1 / (2 pi cutoff) (Casiez et al. 2012, eq. 4)."""
+    tau = 1.0 / (2.0 * math.pi * np.asarray(cutoff, np.float64))
+    return 1.0 / (1.0 + tau / dt)
+
+
+class OneEuroFilter:
+    """The One-Euro filter on arrays of any fixed shape, each element filtered on its own.
+
+    Args:
+        min_cutoff: cutoff frequency in Hz when the signal is still (default 1.0). Lower = less
+            jitter at rest, more lag.
+        beta: speed coefficient in s per signal unit, i.e. s/pixel for keypoints (default 0.05):
+            the cutoff is min_cutoff + beta * |speed|, speed in units (pixels) per second, so a
+            keypoint moving at 100 px/s is filtered at 1 + 5 = 6 Hz. Higher = less lag in motion.
+        d_cutoff: cutoff frequency in Hz of the low-pass on the speed itself (default 1.0).
+
+    `filter(x, dt)`: x the new sample, dt the seconds since the previous sample (1/fps, more across
+    skipped frames). The first sample passes unchanged. Then, with x_prev the previous output:
+        dx = (x - x_prev) / dt;  dx_hat = dx_prev_hat + alpha(d_cutoff, dt) * (dx - dx_prev_hat)
+        cutoff = min_cutoff + beta * |dx_hat|;  x_hat = x_prev + alpha(cutoff, dt) * (x - x_prev)
+    with dx_hat starting at 0. Written as increments, a constant signal is returned exactly.
+    """
+
+    def __init__(self, min_cutoff: float = 1.0, beta: float = 0.05, d_cutoff: float = 1.0):
+        if min_cutoff <= 0 or d_cutoff <= 0 or beta < 0:
+            raise ValueError(f"One-Euro needs min_cutoff > 0, d_cutoff > 0, beta >= 0; got "
+                             f"min_cutoff={min_cutoff}, beta={beta}, d_cutoff={d_cutoff}")
+        self.min_cutoff = float(min_cutoff)
+        self.beta = float(beta)
+        self.d_cutoff = float(d_cutoff)
+        self.x_prev: np.ndarray | None = None
+        self.dx_prev: np.ndarray | None = None
+
+    def filter(self, x, dt: float) -> np.ndarray:
+        x = np.asarray(x, np.float64)
+        if self.x_prev is None:
+            self.x_prev = x.copy()
+            self.dx_prev = np.zeros_like(x)
+            return x.copy()
+        if not dt > 0:
+            raise ValueError(f"One-Euro needs a positive time step, got dt={dt}")
+        if x.shape != self.x_prev.shape:
+            raise ValueError(f"One-Euro filter of shape {self.x_prev.shape} got a sample of shape {x.shape}")
+        dx = (x - self.x_prev) / dt
+        dx_hat = self.dx_prev + smoothing_factor(self.d_cutoff, dt) * (dx - self.dx_prev)
+        cutoff = self.min_cutoff + self.beta * np.abs(dx_hat)
+        x_hat = self.x_prev + smoothing_factor(cutoff, dt) * (x - self.x_prev)
+        self.x_prev, self.dx_prev = x_hat, dx_hat
+        return x_hat.copy()
+
+    __call__ = filter
+
+
+class KeypointSmoother:
+    """One `OneEuroFilter` per track on its keypoints (K, 2) in image pixels.
+
+    Args:
+        fps: the video's frame rate; the time step between two frames f0 < f1 is (f1 - f0) / fps.
+        min_cutoff, beta, d_cutoff: the One-Euro parameters (see `OneEuroFilter`).
+        max_age: a track unseen for more than this many frames is forgotten (its filter restarts
+            if the id comes back).
+
+    `smooth(track_ids (M,), keypoints (M, K, 2), frame) -> smoothed keypoints (M, K, 2)`.
+    Scores are not filtered.
+    """
+
+    def __init__(self, fps: float, min_cutoff: float = 1.0, beta: float = 0.05, d_cutoff: float = 1.0,
+                 max_age: int = 30):
+        if not fps > 0:
+            raise ValueError(f"KeypointSmoother needs the video's frame rate > 0, got {fps}")
+        self.fps = float(fps)
+        self.params = dict(min_cutoff=min_cutoff, beta=beta, d_cutoff=d_cutoff)
+        OneEuroFilter(**self.params)  # checks the parameters now, not at the first track
+        self.max_age = int(max_age)
+        self.filters: dict[int, tuple[OneEuroFilter, int]] = {}
+
+    def smooth(self, track_ids, keypoints, frame: int) -> np.ndarray:
+        keypoints = np.asarray(keypoints, np.float64)
+        out = np.empty_like(keypoints)
+        for i, track_id in enumerate(np.asarray(track_ids).tolist()):
+            one_euro, last = self.filters.get(track_id, (None, None))
+            if one_euro is None:
+                one_euro, last = OneEuroFilter(**self.params), frame
+            out[i] = one_euro.filter(keypoints[i], max(frame - last, 1) / self.fps)
+            self.filters[track_id] = (one_euro, frame)
+        self.filters = {k: v for k, v in self.filters.items() if frame - v[1] <= self.max_age}
+        return out
