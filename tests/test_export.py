@@ -132,6 +132,20 @@ def test_exported_program_passes_the_gate_and_loads(tmp_path, crops):
         assert torch.equal(program(batch), flip_test(model, batch))  # same kernels: bit-exact
 
 
+def test_fp16_onnx_is_gated_with_its_documented_bound(tmp_path, crops):
+    model = tiny("classic", seed=7)
+    report = E.to_onnx(model, tmp_path / "fp16.onnx", fp16=True, crops=crops[0], log=None)
+    assert report.passed and report.precision == "float16"
+    for run in report.runs:
+        assert run.tolerance == pytest.approx(E.FP16_RELATIVE_TOLERANCE * run.peak)
+        assert 1e-5 < run.heatmap_diff < run.tolerance  # really float16: not float32's ~1e-7
+    import onnx
+
+    initializers = onnx.load(str(tmp_path / "fp16.onnx")).graph.initializer
+    weights = [i for i in initializers if i.name.endswith("final_layer.weight")]
+    assert weights and weights[0].data_type == onnx.TensorProto.FLOAT16
+
+
 # ----------------------------------------------------------------------------------------------
 # The gate's failure path
 
@@ -333,7 +347,8 @@ def test_onnx_predictor_edges(cli_export, simple_fixed_flip, det_image):
 
 def test_onnx_predictor_runs_without_torch(cli_export, det_image, coco_mini_dir, tmp_path):
     """A fresh interpreter where `import torch` fails: OnnxPredictor imports and predicts, and no
-    torch module was loaded; its keypoints are the ones this process gets."""
+    module of torch (or of the other training-side packages) was loaded; its keypoints are the
+    ones this process gets."""
     _, path = cli_export
     image, boxes = det_image
     out = tmp_path / "keypoints.npy"
@@ -346,7 +361,9 @@ image = cv2.imread({str(coco_mini_dir / f"{DET_IMAGE:012d}.jpg")!r}, cv2.IMREAD_
 boxes = np.array({boxes.tolist()!r}, np.float32)
 keypoints, scores = OnnxPredictor({str(path)!r}).predict(image, boxes, box_format="xywh", channels="bgr")
 np.save({str(out)!r}, keypoints)
-loaded = sorted(m for m, mod in sys.modules.items() if mod is not None and m.split(".")[0] == "torch")
+# None of the torch side's packages either (torch, torchvision, timm, safetensors, pycocotools, yaml).
+heavy = {"torch", "torchvision", "timm", "safetensors", "pycocotools", "yaml", "matplotlib"}
+loaded = sorted(m for m, mod in sys.modules.items() if mod is not None and m.split(".")[0] in heavy)
 assert not loaded, loaded
 print("torch-free ok")
 """

@@ -71,13 +71,7 @@ class OnnxPredictor:
                                             providers=list(providers or ["CPUExecutionProvider"]))
         self.path = path
         self.metadata = dict(self.session.get_modelmeta().custom_metadata_map)
-        graph_input = self.session.get_inputs()[0]
-        self.input_name = graph_input.name
-        shape = graph_input.shape
-        if len(shape) != 4 or shape[1] != 3 or not all(isinstance(s, int) for s in shape[2:]):
-            raise ValueError(f"{path}: input {graph_input.name!r} has shape {shape}, expected (N, 3, h, w)")
-        self.graph_batch = shape[0] if isinstance(shape[0], int) else None  # None: dynamic
-        self.input_size = (int(shape[3]), int(shape[2]))  # (w, h)
+        self._read_shapes()
         self.codec = codec if codec is not None else self._codec_from_metadata()
         if tuple(self.codec.input_size) != self.input_size:
             raise ValueError(f"{path}: the graph takes {self.input_size} (w, h) crops, the codec "
@@ -87,24 +81,41 @@ class OnnxPredictor:
             raise ValueError(f"{path} has the flip test baked into its graph; flip_test=False cannot undo "
                              f"it (export without --flip-test for that)")
         self.flip_test = bool(flip_test)
+        self.flip_indices = self._flip_indices(flip_indices)
+        self.mean = self._constant("vitpose.pixel_mean", PIXEL_MEAN)
+        self.std = self._constant("vitpose.pixel_std", PIXEL_STD)
+        self.batch_size = int(batch_size)
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+
+    def _read_shapes(self) -> None:
+        """Input name, crop size (w, h), fixed batch (None: dynamic) and keypoint count of the graph."""
+        graph_input = self.session.get_inputs()[0]
+        shape = graph_input.shape
+        if len(shape) != 4 or shape[1] != 3 or not all(isinstance(s, int) for s in shape[2:]):
+            raise ValueError(f"{self.path}: input {graph_input.name!r} has shape {shape}, expected (N, 3, h, w)")
+        self.input_name = graph_input.name
+        self.graph_batch = shape[0] if isinstance(shape[0], int) else None
+        self.input_size = (int(shape[3]), int(shape[2]))
         output = self.session.get_outputs()[0].shape
         self.num_keypoints = int(output[1]) if len(output) == 4 and isinstance(output[1], int) \
             else int(self.metadata.get("vitpose.num_keypoints", len(FLIP_INDICES)))
+
+    def _flip_indices(self, flip_indices) -> list[int] | None:
+        """The given order, else the file's, else COCO's for 17 keypoints; required for a flip test here."""
         if flip_indices is None:
             flip_indices = json.loads(self.metadata.get("vitpose.flip_indices", "null"))
         if flip_indices is None and self.num_keypoints == len(FLIP_INDICES):
             flip_indices = FLIP_INDICES
-        if self.flip_test and not self.graph_flips and (flip_indices is None or len(flip_indices) != self.num_keypoints):
-            raise ValueError(f"{path}: the flip test of {self.num_keypoints} keypoints needs flip_indices of that "
-                             f"length (got {None if flip_indices is None else len(flip_indices)})")
-        self.flip_indices = None if flip_indices is None else [int(i) for i in flip_indices]
-        self.mean = np.asarray(json.loads(self.metadata.get("vitpose.pixel_mean", "null")) or PIXEL_MEAN,
-                               np.float32).reshape(1, 3, 1, 1)
-        self.std = np.asarray(json.loads(self.metadata.get("vitpose.pixel_std", "null")) or PIXEL_STD,
-                              np.float32).reshape(1, 3, 1, 1)
-        self.batch_size = int(batch_size)
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        needed = self.flip_test and not self.graph_flips
+        if needed and (flip_indices is None or len(flip_indices) != self.num_keypoints):
+            raise ValueError(f"{self.path}: the flip test of {self.num_keypoints} keypoints needs flip_indices "
+                             f"of that length (got {None if flip_indices is None else len(flip_indices)})")
+        return None if flip_indices is None else [int(i) for i in flip_indices]
+
+    def _constant(self, key: str, default) -> np.ndarray:
+        """A per-channel float32 constant (1, 3, 1, 1) from the metadata, else the project's."""
+        return np.asarray(json.loads(self.metadata.get(key, "null")) or default, np.float32).reshape(1, 3, 1, 1)
 
     def _codec_from_metadata(self) -> UDPHeatmap:
         name = self.metadata.get("vitpose.codec", "UDPHeatmap")
