@@ -146,6 +146,18 @@ def test_fp16_onnx_is_gated_with_its_documented_bound(tmp_path, crops):
     assert weights and weights[0].data_type == onnx.TensorProto.FLOAT16
 
 
+def test_heavy_graphs_move_their_external_weights_with_them(tmp_path, crops, monkeypatch):
+    """Past protobuf's 2 GiB (ViTPose-H in fp32) the weights go to `<name>.data`; the file and its
+    data are gated in the staging folder and moved together, so the reference stays valid."""
+    monkeypatch.setattr(E, "SINGLE_FILE_LIMIT", 0)  # a tiny model takes the heavy path
+    out = tmp_path / "heavy.onnx"
+    assert E.to_onnx(tiny("simple", seed=8), out, crops=crops[0], log=None).passed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["heavy.onnx", "heavy.onnx.data"]
+    assert out.stat().st_size < 100_000 < (tmp_path / "heavy.onnx.data").stat().st_size
+    image = np.zeros((64, 48, 3), np.uint8)
+    assert OnnxPredictor(out).predict(image)[0].shape == (1, 17, 2)
+
+
 # ----------------------------------------------------------------------------------------------
 # The gate's failure path
 
