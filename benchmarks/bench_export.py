@@ -8,11 +8,13 @@ For each model the same weights run three ways on the same random normalised cro
 `torch.compile(model)` (inductor; its compilation happens in the warm-up and is reported
 apart), and onnxruntime's CPU provider on the file `vitpose.export.to_onnx` writes (dynamic
 batch, fp32, gated as always). Torch and onnxruntime get the same thread count. Figures are
-crops per second (batch / median time of `--iters` runs after `--warmup`) and the ratio against
-eager measured in the same run. Machines are noisy: compare figures from one run only.
+crops per second (batch / median time of `--iters` runs after `--warmup`, the three timed in
+turns) and the ratio against eager measured in the same run. Machines are noisy: compare
+figures from one run only; the load average is printed with them.
 """
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -28,15 +30,19 @@ from vitpose.export import to_onnx
 from vitpose.models.vitpose import build_model
 
 
-def median_seconds(fn, warmup: int, iters: int) -> float:
+def interleaved_medians(fns: dict, warmup: int, iters: int) -> dict:
+    """Median seconds of each function, timed in turns (a, b, c, a, b, c, ...) so that a load
+    change on a shared machine hits every contender alike."""
     for _ in range(warmup):
-        fn()
-    times = []
+        for fn in fns.values():
+            fn()
+    times = {label: [] for label in fns}
     for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for label, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[label].append(time.perf_counter() - t0)
+    return {label: statistics.median(t) for label, t in times.items()}
 
 
 def onnx_session(model, folder: Path, threads: int):
@@ -77,8 +83,8 @@ def bench_model(name: str, args, folder: Path) -> list[dict]:
         t0 = time.perf_counter()
         inductor()  # compile for this shape; timed apart from the warm-up proper
         compile_s = time.perf_counter() - t0
-        times = {label: median_seconds(fn, args.warmup, args.iters)
-                 for label, fn in (("eager", eager), ("compile", inductor), ("onnxruntime", onnxruntime))}
+        times = interleaved_medians({"eager": eager, "compile": inductor, "onnxruntime": onnxruntime},
+                                    args.warmup, args.iters)
         row = dict(model=name, batch=batch, compile_s=compile_s,
                    **{label: batch / seconds for label, seconds in times.items()})
         print(f"  batch {batch}: " + ", ".join(f"{k} {row[k]:.2f} crops/s" for k in times)
@@ -100,12 +106,14 @@ def main(argv=None):
     import onnxruntime
 
     print(f"torch {torch.__version__}, onnxruntime {onnxruntime.__version__}, {args.threads} threads, "
-          f"median of {args.iters} after {args.warmup} warm-up runs", flush=True)
+          f"median of {args.iters} after {args.warmup} warm-up runs, load average {os.getloadavg()[0]:.1f}",
+          flush=True)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
             rows += bench_model(name, args, Path(tmp))
-    print("\n| model | batch | eager crops/s | torch.compile crops/s (x eager) | onnxruntime crops/s (x eager) |")
+    print(f"\nload average at the end {os.getloadavg()[0]:.1f}")
+    print("| model | batch | eager crops/s | torch.compile crops/s (x eager) | onnxruntime crops/s (x eager) |")
     print("|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['model']} {args.decoder} | {r['batch']} | {r['eager']:.2f} | "
