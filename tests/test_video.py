@@ -295,9 +295,7 @@ def test_a_failing_detector_stops_the_threads_and_raises(predictor, video, tmp_p
 
 
 def test_cli_predict_video_with_track(predictor, video, tmp_path):
-    cli = pytest.importorskip("vitpose.cli")
-    if not hasattr(cli, "main"):
-        pytest.skip("vitpose.cli has no main yet (the `predict` command is helper hub's)")
+    from vitpose import cli
     from vitpose.models.checkpoint import save_weights
 
     checkpoint = tmp_path / "demo.safetensors"

@@ -1,20 +1,21 @@
-"""The `vitpose` console script: one subcommand per module (`vitpose predict ...`).
+"""The `vitpose` console script: one subcommand per module, each module owns its arguments.
 
-Each subcommand module has `add_parser(subparsers)` (which sets `run` as the parser's default)
-and `run(args) -> exit status`.
+`vitpose predict ...` -> `vitpose.predict_cli`, `vitpose export ...` -> `vitpose.export`. Each has
+`add_parser(subparsers)` (which sets `run` as the parser's default) and `run(args) -> exit status`.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from vitpose import predict_cli
-
 
 def build_parser() -> argparse.ArgumentParser:
+    from vitpose import export, predict_cli
+
     parser = argparse.ArgumentParser(prog="vitpose", description="ViTPose in plain PyTorch.", allow_abbrev=False)
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     predict_cli.add_parser(subparsers)
+    export.add_parser(subparsers)
     return parser
 
 

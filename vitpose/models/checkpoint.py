@@ -565,3 +565,121 @@ def save_weights(model, path):
 
 __all__ = ["VITPOSE_PLUS_EXPERTS", "CheckpointError", "LoadReport", "convert_state_dict", "detect_layout",
            "is_vitpose_plus", "load_weights", "save_weights", "select_expert"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Telling the model from the file: size, decoder and keypoints from tensor shapes
+
+PATCH_SIZE = 16  # every published ViTPose; the grid below assumes it with 2 px padding
+DEFAULT_GRID = (16, 12)  # (rows, columns) of a 256x192 input
+
+
+class ModelSpec(namedtuple("ModelSpec", "name decoder num_keypoints build_kwargs layout")):
+    """What `infer_model_spec` read from a weights file: enough to build the model that fits it.
+
+    name: "vitpose-s" | "vitpose-b" | "vitpose-l" | "vitpose-h"; decoder: "classic" | "simple";
+    num_keypoints: K; build_kwargs: the `build_model` arguments where the file differs from the
+    size's table (depth, img_size, mlp_ratio, deconv_channels); layout: the file's layout.
+    """
+
+    __slots__ = ()
+
+    @property
+    def input_size(self) -> tuple[int, int]:
+        """(w, h) crop size the position embedding was trained for."""
+        h, w = self.build_kwargs.get("img_size", (DEFAULT_GRID[0] * PATCH_SIZE, DEFAULT_GRID[1] * PATCH_SIZE))
+        return w, h
+
+    @property
+    def heatmap_size(self) -> tuple[int, int]:
+        """(w, h) of the head's output: the patch grid times the head's upsampling (4 for both
+        published decoders: two stride-2 deconvs, or the simple head's bilinear x4)."""
+        w, h = self.input_size
+        factor = 2 ** len(self.build_kwargs.get("deconv_channels", (256, 256))) if self.decoder == "classic" else 4
+        return w // PATCH_SIZE * factor, h // PATCH_SIZE * factor
+
+    def build(self):
+        """The `ViTPose` this file fits (random weights until `load_weights`)."""
+        from vitpose.models.vitpose import build_model
+
+        return build_model(self.name, self.decoder, self.num_keypoints, **self.build_kwargs)
+
+
+def _own_layout_shapes(state_dict, layout, prefixed):
+    """{own parameter name: shape} of a file of any layout (names translated, HF q/k/v merged)."""
+    backbone, head, _ = _split_backbone_head(state_dict, prefixed)
+    rules = {"mmpose1x": MMPOSE1X_BACKBONE, "official": OFFICIAL_BACKBONE, "hf": HF_BACKBONE}.get(layout, [])
+    backbone = {_rename(n, rules): v for n, v in backbone.items()}
+    if layout == "hf":
+        _merge_hf_qkv(backbone)
+        head = {_rename(n, HF_HEAD): v for n, v in head.items()}
+    shapes = {"backbone." + n: tuple(v.shape) for n, v in backbone.items()}
+    shapes.update({"head." + n: tuple(v.shape) for n, v in head.items()})
+    return shapes
+
+
+def _size_of(embed_dim, origin):
+    from vitpose.models.vitpose import MODEL_SIZES
+
+    for name, size in MODEL_SIZES.items():
+        if size["embed_dim"] == embed_dim:
+            return name, size
+    known = ", ".join(f"{s['embed_dim']} ({n})" for n, s in MODEL_SIZES.items())
+    raise CheckpointError(f"{origin}: cannot tell the model size: embed dim {embed_dim} is none of "
+                          f"ViTPose's ({known}); give the training config instead")
+
+
+def _img_size_of(num_tokens, origin):
+    """(h, w) input size of a grid of `num_tokens` patches (the 4:3 aspect of 256x192 if it fits)."""
+    grid = _grid_of(num_tokens, DEFAULT_GRID)
+    if grid is None:
+        grid = _grid_of(num_tokens - 1, DEFAULT_GRID)  # official / HF: a leading class-token row
+    if grid is None:
+        raise CheckpointError(f"{origin}: cannot tell the input size from a position embedding of "
+                              f"{num_tokens} tokens; give the training config instead")
+    return grid[0] * PATCH_SIZE, grid[1] * PATCH_SIZE
+
+
+def infer_model_spec(source) -> ModelSpec:
+    """Size, decoder, keypoint count and input size of a ViTPose weights file, from its tensor shapes.
+
+    `source`: a path or a mapping, of any layout `load_weights` reads. The embed dim names the
+    size (S/B/L/H); the block count, MLP width, deconv widths and position-embedding grid go to
+    `build_kwargs` where they differ from that size's table; `head.deconv_layers.*` means the
+    classic decoder. Heads count is not in any shape: it is the size's (S and B 12, L and H 16).
+    Raises CheckpointError for a backbone-only file (no head) or shapes no ViTPose has.
+    """
+    state_dict, origin = _read_source(source)
+    layout, prefixed = detect_layout(state_dict)
+    if not prefixed or layout == "mae":
+        raise CheckpointError(f"{origin}: a backbone-only file ({layout} layout, no keypoint head): "
+                              f"the decoder and keypoint count are not in it; give the training config")
+    shapes = _own_layout_shapes(state_dict, layout, prefixed)
+    patch = shapes.get("backbone.patch_embed.proj.weight")
+    final = shapes.get("head.final_layer.weight")
+    if patch is None or final is None:
+        missing = "backbone.patch_embed.proj.weight" if patch is None else "head.final_layer.weight"
+        raise CheckpointError(f"{origin} ({layout} layout): no {missing} (after renaming to this "
+                              f"project's names); this is not a ViTPose checkpoint")
+    name, size = _size_of(patch[0], origin)
+    kwargs = {}
+    depth = len({m.group(1) for n in shapes for m in [re.match(r"backbone\.blocks\.(\d+)\.", n)] if m})
+    if depth != size["depth"]:
+        kwargs["depth"] = depth
+    fc1 = shapes.get("backbone.blocks.0.mlp.fc1.weight")
+    if fc1 is not None and fc1[0] != 4 * patch[0]:
+        kwargs["mlp_ratio"] = fc1[0] / patch[0]
+    if "backbone.pos_embed" in shapes:
+        img_size = _img_size_of(shapes["backbone.pos_embed"][1], origin)
+        if img_size != (DEFAULT_GRID[0] * PATCH_SIZE, DEFAULT_GRID[1] * PATCH_SIZE):
+            kwargs["img_size"] = img_size
+    deconvs = sorted((int(m.group(1)), s) for n, s in shapes.items()
+                     for m in [re.match(r"head\.deconv_layers\.(\d+)\.weight$", n)] if m and len(s) == 4)
+    decoder = "classic" if deconvs else "simple"
+    channels = tuple(s[1] for _, s in deconvs)  # ConvTranspose2d weight: (in, out, kh, kw)
+    if decoder == "classic" and channels != (256, 256):
+        kwargs["deconv_channels"] = channels
+    return ModelSpec(name, decoder, int(final[0]), kwargs, layout)
+
+
+__all__ += ["ModelSpec", "infer_model_spec"]

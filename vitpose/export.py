@@ -1,0 +1,687 @@
+"""Exports that prove themselves: ONNX and `torch.export` files written only after they ran equal.
+
+`to_onnx(model, path)` and `to_exported_program(model, path)` trace the model, write the file into
+a staging folder beside `path`, run that file (onnxruntime on CPU; `torch.export.load` for .pt2)
+on real crops at batch 1 and a larger batch, and compare its heatmaps and decoded keypoints with
+PyTorch eager on the same crops (`vitpose.topdown.forward_heatmaps`, the steps `Predictor` and
+evaluation run). Only a file that passes is moved to `path`; otherwise the staged file is deleted
+and `GateError` says by how much and where (batch item, keypoint, heatmap pixel) it differed.
+
+The exported graph: normalised float32 RGB crops (N, 3, h, w) named `input` -> float32 heatmaps
+(N, K, h/4, w/4) named `heatmaps`. Normalisation stays outside the graph (the same `(x - mean) /
+std` on every runtime); the flip test can be baked in (`flip_test=True`); with `fp16=True` the
+weights and the arithmetic are float16 while the graph's input and output stay float32.
+
+Which ONNX exporter: torch 2.14's `torch.onnx.export(..., dynamo=True)` (the default since 2.9),
+which goes through `torch.export`. The TorchScript exporter (`dynamo=False`) also runs this ViT,
+but it is deprecated (a DeprecationWarning: "will be removed"), it freezes Python-level shape
+checks into constants (a TracerWarning on the position-embedding grid test) and its
+`dynamic_axes` only label an axis; `torch.export` proves the batch axis symbolic or refuses
+(it caught the flip test's `chunk(2)` specialising the batch, see `ExportGraph`). The price is
+time: ViTPose-S takes ~25 s to export on 2 CPU cores against ~8 s for TorchScript.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from vitpose.coco_meta import FLIP_INDICES, KEYPOINT_NAMES, PIXEL_MEAN, PIXEL_STD
+from vitpose.codecs.udp import UDPHeatmap
+from vitpose.data.loaders import normalize_images
+from vitpose.models.checkpoint import unwrap_model
+from vitpose.topdown import forward_heatmaps
+
+__all__ = ["FORMATS", "ExportGraph", "GateError", "GateReport", "GateRun", "MissingDependencyError",
+           "check_export", "export", "gate_crops", "to_exported_program", "to_onnx"]
+
+FORMATS = ("onnx", "pt2")
+EXTRA_HINT = 'pip install "vitpose[export]"'
+ONNX_MODULES = ("onnx", "onnxscript", "onnxruntime")
+INPUT_NAME, OUTPUT_NAME = "input", "heatmaps"
+
+# The gate. float32: the issue's bound; measured 7.6e-6 (classic) and 1.3e-5 (simple) for
+# ViTPose-S on coco-mini crops with heatmaps of std ~1.5 and peaks ~7 (onnxruntime 1.32 CPU).
+FP32_TOLERANCE = 1e-4
+# float16 keeps 11 significant bits (a relative step of 4.9e-4 to 9.8e-4); ViTPose-S in fp16
+# measured 6.5e-3 on peaks of 7.5 (8.6e-4 of the peak). The bound is 1e-2 of the reference's
+# peak |heatmap|, about 10x that, so heavier sizes with more blocks have headroom.
+FP16_RELATIVE_TOLERANCE = 1e-2
+# Decoded keypoints: a keypoint may move by KEYPOINT_FLOOR_PX crop pixels, or by up to 3x what the
+# PyTorch decode itself moves under heatmap noise of the measured size. The UDP decode's sub-pixel
+# step divides by second derivatives of log-heatmaps, so on flat or two-peaked maps a 1e-5 change
+# moves a keypoint by tenths of a pixel (0.32 px measured for ViTPose-S, random weights, fp32).
+KEYPOINT_FLOOR_PX = 0.05
+KEYPOINT_SENSITIVITY_FACTOR = 3.0
+SENSITIVITY_DRAWS = 10
+# Trace with 2 crops (torch.export treats sizes 0 and 1 as special); check at 1 and at 5, a size
+# the trace never saw.
+TRACE_BATCH = 2
+GATE_BATCHES = (1, 5)
+# Protobuf caps one file at 2 GiB; heavier graphs (ViTPose-H in fp32) keep their weights beside
+# the .onnx file in `<name>.data`.
+SINGLE_FILE_LIMIT = 1.8 * 2**30
+
+
+class MissingDependencyError(ImportError):
+    """An optional package of the `export` extra is not installed."""
+
+
+class GateError(RuntimeError):
+    """The exported file did not run equal to PyTorch; it was deleted. `.report` has the figures."""
+
+    def __init__(self, report: GateReport):
+        super().__init__("\n".join(report.lines()))
+        self.report = report
+
+
+def require(modules: Sequence[str] = ONNX_MODULES, what: str = "ONNX export") -> None:
+    """Import check for the optional dependencies; the error names the extra to install."""
+    missing = [name for name in modules if importlib.util.find_spec(name) is None]
+    if missing:
+        raise MissingDependencyError(f"{what} needs {', '.join(missing)}, not installed: {EXTRA_HINT}")
+
+
+# ----------------------------------------------------------------------------------------------
+# What the graph computes
+
+
+class ExportGraph(nn.Module):
+    """The exported computation: normalised float32 crops -> float32 heatmaps of `model`.
+
+    Args:
+        model: a ViTPose (any module mapping (N, 3, h, w) to (N, K, h', w') heatmaps).
+        flip_test: bake the flip test in: the crops and their mirrors run as one batch of 2N, the
+            mirrored heatmaps are flipped back, left/right channels swapped, and the two averaged
+            (what `vitpose.flip_test` does; the gate compares against that function).
+        flip_indices: left/right channel order (None: COCO-17).
+        fp16: run the model in float16 (the caller passes a float16 model); input and output
+            stay float32 so consumers need not know.
+    """
+
+    def __init__(self, model: nn.Module, flip_test: bool = False, flip_indices: Sequence[int] | None = None,
+                 fp16: bool = False):
+        super().__init__()
+        self.model = model
+        self.flip_test = bool(flip_test)
+        self.flip_indices = [int(i) for i in (FLIP_INDICES if flip_indices is None else flip_indices)]
+        self.fp16 = bool(fp16)
+
+    def forward(self, images):
+        x = images.half() if self.fp16 else images
+        if self.flip_test:
+            n = x.shape[0]
+            heatmaps = self.model(torch.cat([x, x.flip(-1)]))
+            # Slices, not `chunk(2)`: torch.export proves `chunk` of 2N rows specialises N.
+            mirrored = heatmaps[n:].flip(-1)[:, self.flip_indices]
+            heatmaps = (heatmaps[:n] + mirrored) * 0.5
+        else:
+            heatmaps = self.model(x)
+        return heatmaps.float()
+
+
+def _plain_copy(model: nn.Module, fp16: bool) -> nn.Module:
+    """An eval-mode CPU copy (the caller's model is left as it was), optionally float16."""
+    model = copy.deepcopy(unwrap_model(model)).cpu().eval()
+    if hasattr(model, "set_grad_checkpointing"):
+        model.set_grad_checkpointing(False)
+    return model.half() if fp16 else model
+
+
+def _input_size(model: nn.Module, codec) -> tuple[int, int]:
+    """(w, h) of the crops: the codec's, else the backbone's position-embedding size."""
+    if codec is not None:
+        return tuple(int(s) for s in codec.input_size)
+    h, w = unwrap_model(model).backbone.patch_embed.img_size
+    return int(w), int(h)
+
+
+def _check_batch(batch) -> str | int:
+    if isinstance(batch, str) and batch == "dynamic":
+        return batch
+    if isinstance(batch, (int, np.integer)) and not isinstance(batch, bool) and batch >= 1:
+        return int(batch)
+    raise ValueError(f"batch must be 'dynamic' or a positive int, got {batch!r}")
+
+
+def _metadata(codec, flip_test, flip_indices, fp16, batch, num_keypoints) -> dict[str, str]:
+    """What a consumer needs besides the graph (ONNX metadata_props; OnnxPredictor reads them)."""
+    from vitpose import __version__
+
+    return {
+        "vitpose.version": __version__,
+        "vitpose.input": "float32 (N, 3, h, w) RGB crops, (pixel - pixel_mean) / pixel_std, UDP-warped",
+        "vitpose.pixel_mean": json.dumps(list(PIXEL_MEAN)),
+        "vitpose.pixel_std": json.dumps(list(PIXEL_STD)),
+        "vitpose.input_size": json.dumps(list(codec.input_size)),
+        "vitpose.heatmap_size": json.dumps(list(codec.heatmap_size)),
+        "vitpose.codec": type(codec).__name__,
+        "vitpose.codec_sigma": json.dumps(float(codec.sigma)),
+        "vitpose.codec_blur_kernel_size": json.dumps(int(getattr(codec, "blur_kernel_size", 11))),
+        "vitpose.num_keypoints": str(num_keypoints),
+        "vitpose.flip_test": "1" if flip_test else "0",
+        "vitpose.flip_indices": json.dumps(_flip_indices_of(flip_indices, num_keypoints)),
+        "vitpose.precision": "float16" if fp16 else "float32",
+        "vitpose.batch": str(batch),
+    }
+
+
+def _flip_indices_of(flip_indices, num_keypoints: int) -> list[int] | None:
+    """The left/right order to record: the given one, COCO's for 17 keypoints, else unknown (None)."""
+    if flip_indices is not None:
+        return [int(i) for i in flip_indices]
+    return list(FLIP_INDICES) if num_keypoints == len(FLIP_INDICES) else None
+
+
+# ----------------------------------------------------------------------------------------------
+# Crops for the gate
+
+
+def _coco_files(data: Path) -> tuple[Path, Path]:
+    """(annotation file, image folder) of MMPose's layout, or of one COCO JSON beside its images."""
+    mmpose = data / "annotations" / "person_keypoints_val2017.json"
+    if mmpose.is_file():
+        return mmpose, data / "val2017"
+    # A COCO annotation file is a JSON object; detection results beside it (coco-mini's) are a list.
+    objects = [p for p in sorted(data.glob("*.json")) if _first_char(p) == "{"]
+    if len(objects) == 1:
+        return objects[0], data
+    raise FileNotFoundError(
+        f"gate data {data}: expected annotations/person_keypoints_val2017.json (+ val2017/) or one "
+        f"COCO annotation JSON beside its images; found {len(objects)} JSON objects: {[p.name for p in objects]}")
+
+
+def _first_char(path: Path) -> str:
+    with open(path, "rb") as f:
+        return f.read(4096).lstrip()[:1].decode("ascii", errors="replace")
+
+
+def _crops_from(ann_file: Path, img_dir: Path, input_size, count: int, source: str):
+    from vitpose.data.coco import CocoKeypoints
+
+    dataset = CocoKeypoints(ann_file, img_dir, train=False, input_size=input_size,
+                            heatmap_size=(input_size[0] // 4, input_size[1] // 4))
+    if len(dataset) == 0:
+        raise ValueError(f"gate data {source}: no person instances with keypoints in {ann_file}")
+    samples = [dataset[i] for i in range(min(count, len(dataset)))]
+    crops = torch.stack([s["image"] for s in samples])
+    labels = [f"image {s['image_id']} instance {s['id']}" for s in samples]
+    return crops, labels
+
+
+def gate_crops(data: str | Path | None = None, input_size: Sequence[int] = (192, 256), count: int = 8):
+    """Real crops for the gate: (uint8 RGB crops (N, 3, h, w), one label per crop, source name).
+
+    The validation pipeline (`CocoKeypoints(train=False)`: GT boxes, padding 1.25, UDP warp) on
+    `data`, a COCO keypoint set in MMPose's layout or a folder with one COCO JSON beside its
+    images (coco-mini); None: 6 images of the synthetic set (`make_coco`, seed 0) in a temporary
+    folder. At most `count` crops.
+    """
+    input_size = (int(input_size[0]), int(input_size[1]))
+    if data is not None:
+        data = Path(data)
+        if not data.is_dir():
+            raise FileNotFoundError(f"gate data folder not found: {data}")
+        ann_file, img_dir = _coco_files(data)
+        crops, labels = _crops_from(ann_file, img_dir, input_size, count, str(data))
+        return crops, labels, str(data)
+    from vitpose.data.synthetic import make_coco
+
+    with tempfile.TemporaryDirectory(prefix="vitpose-gate-") as tmp:
+        synthetic = make_coco(tmp, num_images=6, seed=0, split="val")
+        crops, labels = _crops_from(synthetic.ann_file, synthetic.img_dir, input_size, count, "synthetic set")
+    return crops, labels, "the synthetic set (make_coco seed 0)"
+
+
+# ----------------------------------------------------------------------------------------------
+# The gate
+
+
+@dataclass
+class GateRun:
+    """The figures of one batch size. `*_where`: (batch item, keypoint, heatmap row, column)."""
+
+    batch: int
+    tolerance: float
+    peak: float  # max |reference heatmap|
+    heatmap_diff: float
+    heatmap_where: tuple[int, int, int, int]
+    keypoint_diff: float  # crop (input) pixels
+    keypoint_where: tuple[int, int]
+    keypoints_moved: int  # beyond KEYPOINT_FLOOR_PX
+    keypoints_unexplained: int  # beyond the floor and beyond what the decode's own conditioning allows
+    keypoints_total: int
+    score_diff: float
+    labels: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.heatmap_diff <= self.tolerance) and self.keypoints_unexplained == 0
+
+
+@dataclass
+class GateReport:
+    """Everything the gate measured, and the verdict."""
+
+    path: str
+    format: str
+    runtime: str
+    precision: str
+    source: str
+    input_shape: list
+    runs: list[GateRun]
+    shape_problem: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.shape_problem is None and bool(self.runs) and all(run.passed for run in self.runs)
+
+    def lines(self) -> list[str]:
+        out = [f"gate: {self.path} ({self.runtime}, {self.precision}, input {self.input_shape}) against "
+               f"PyTorch eager on crops of {self.source}"]
+        if self.shape_problem:
+            out.append(f"  input shape: {self.shape_problem}")
+        for run in self.runs:
+            item, k, y, x = run.heatmap_where
+            verdict = "ok" if run.heatmap_diff <= run.tolerance else "FAILED"
+            out.append(
+                f"  batch {run.batch}: heatmaps max |diff| {run.heatmap_diff:.3g} (tolerance {run.tolerance:.3g}, "
+                f"peak {run.peak:.3g}) {verdict}, at item {item} ({_label(run, item)}) keypoint {k} "
+                f"({_keypoint_name(k)}) pixel (y {y}, x {x})")
+            item, k = run.keypoint_where
+            moved = (f"{run.keypoints_moved} of {run.keypoints_total} "
+                     f"moved > {KEYPOINT_FLOOR_PX} px")
+            if run.keypoints_moved:
+                moved += (f", {run.keypoints_unexplained} of them more than {KEYPOINT_SENSITIVITY_FACTOR:g}x what "
+                          f"PyTorch's own decode moves under heatmap noise of {run.heatmap_diff:.3g}")
+            verdict = "ok" if run.keypoints_unexplained == 0 else "FAILED"
+            out.append(
+                f"  batch {run.batch}: keypoints max {run.keypoint_diff:.3g} px (crop pixels) at item {item} "
+                f"keypoint {k} ({_keypoint_name(k)}); {moved}: {verdict}; scores max |diff| {run.score_diff:.3g}")
+        out.append("gate passed" if self.passed else "gate FAILED")
+        return out
+
+
+def _label(run: GateRun, item: int) -> str:
+    return run.labels[item] if item < len(run.labels) else f"crop {item}"
+
+
+def _keypoint_name(k: int) -> str:
+    return KEYPOINT_NAMES[k] if k < len(KEYPOINT_NAMES) else f"#{k}"
+
+
+def _decode_sensitivity(codec, heatmaps: np.ndarray, amplitude: float) -> np.ndarray:
+    """(B, K) crop pixels: how far each keypoint's decode moves under heatmap noise of +-amplitude."""
+    base, _ = codec.batch_decode(heatmaps)
+    rng = np.random.default_rng(0)
+    worst = np.zeros(base.shape[:2])
+    for _ in range(SENSITIVITY_DRAWS):
+        noise = rng.uniform(-amplitude, amplitude, heatmaps.shape).astype(np.float32)
+        moved, _ = codec.batch_decode(heatmaps + noise)
+        worst = np.maximum(worst, np.linalg.norm(moved - base, axis=-1))
+    return worst
+
+
+def _compare(reference: np.ndarray, exported: np.ndarray, codec, tolerance: float, labels) -> GateRun:
+    if exported.shape != reference.shape:
+        raise ValueError(f"exported heatmaps have shape {exported.shape}, PyTorch's {reference.shape}")
+    diff = np.abs(exported.astype(np.float64) - reference)
+    where = tuple(int(i) for i in np.unravel_index(np.nanargmax(diff) if np.isfinite(diff).any() else 0, diff.shape))
+    heatmap_diff = float(diff.max())  # NaN stays NaN and fails the `<=` test
+    ref_kpts, ref_scores = codec.batch_decode(reference)
+    kpts, scores = codec.batch_decode(exported.astype(np.float32))
+    moved = np.linalg.norm(kpts - ref_kpts, axis=-1)
+    moved = np.where(np.isfinite(moved), moved, np.inf)
+    beyond = moved > KEYPOINT_FLOOR_PX
+    unexplained = 0
+    if beyond.any() and np.isfinite(heatmap_diff):
+        allowed = KEYPOINT_SENSITIVITY_FACTOR * _decode_sensitivity(codec, reference, max(heatmap_diff, 1e-7))
+        unexplained = int((beyond & (moved > allowed)).sum())
+    elif beyond.any():
+        unexplained = int(beyond.sum())
+    kp_where = tuple(int(i) for i in np.unravel_index(np.argmax(moved), moved.shape))
+    return GateRun(
+        batch=reference.shape[0], tolerance=tolerance, peak=float(np.abs(reference).max()),
+        heatmap_diff=heatmap_diff, heatmap_where=where, keypoint_diff=float(moved.max()), keypoint_where=kp_where,
+        keypoints_moved=int(beyond.sum()), keypoints_unexplained=unexplained, keypoints_total=int(moved.size),
+        score_diff=float(np.abs(scores - ref_scores).max()), labels=list(labels))
+
+
+def _onnx_runner(path: Path):
+    """(run(x: np.ndarray) -> np.ndarray, runtime name, input shape) of an ONNX file on CPU."""
+    require()
+    import onnx
+    import onnxruntime as ort
+
+    onnx.checker.check_model(str(path))  # by path, so external weights are checked too
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    shape = list(session.get_inputs()[0].shape)
+
+    def run(x: np.ndarray) -> np.ndarray:
+        return session.run([OUTPUT_NAME], {INPUT_NAME: x})[0]
+
+    return run, f"onnxruntime {ort.__version__} CPU", shape
+
+
+def _pt2_runner(path: Path):
+    program = torch.export.load(str(path))
+    module = program.module()
+    spec = program.graph_signature.user_inputs[0]
+    meta = next(n for n in program.graph.nodes if n.op == "placeholder" and n.name == spec).meta["val"]
+    shape = [d if isinstance(d, int) else str(d) for d in meta.shape]
+
+    def run(x: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return module(torch.from_numpy(x)).numpy()
+
+    return run, f"torch.export.load (torch {torch.__version__})", shape
+
+
+def _shape_problem(shape: list, batch: str | int, input_size) -> str | None:
+    """Whether the file's declared input shape is the one asked for."""
+    w, h = input_size
+    if len(shape) != 4 or list(shape[1:]) != [3, h, w]:
+        return f"declared {shape}, expected [N, 3, {h}, {w}]"
+    if batch == "dynamic" and isinstance(shape[0], int):
+        return f"declared batch {shape[0]}, expected a dynamic batch axis"
+    if batch != "dynamic" and shape[0] != batch:
+        return f"declared batch {shape[0]}, expected {batch}"
+    return None
+
+
+def check_export(path, model: nn.Module, crops: torch.Tensor, *, format: str, batch: str | int = "dynamic",
+                 flip_test: bool = False, flip_indices: Sequence[int] | None = None, fp16: bool = False,
+                 codec=None, labels: Sequence[str] = (), source: str = "the given crops") -> GateReport:
+    """Run the exported file at `path` on `crops` and compare it with `model` in PyTorch eager.
+
+    Args:
+        path: the .onnx / .pt2 file.
+        model: the float32 model that was exported (run on CPU as the reference).
+        crops: uint8 RGB crops (N, 3, h, w); reused in a cycle when a batch needs more.
+        format: "onnx" | "pt2".
+        batch: "dynamic" (checked at batches 1 and 5) or the file's fixed batch (checked at it).
+        flip_test, flip_indices: whether the file has the flip test baked in, and the channel order.
+        fp16: the file computes in float16: the tolerance is FP16_RELATIVE_TOLERANCE of the peak.
+        codec: decodes both heatmaps for the keypoint comparison (default `UDPHeatmap` of the crops' size).
+        labels, source: names of the crops and of where they came from, for the report.
+    Returns a GateReport (check `.passed`); nothing is deleted here.
+    """
+    path = Path(path)
+    batch = _check_batch(batch)
+    if crops.dtype != torch.uint8 or crops.ndim != 4 or crops.shape[1] != 3 or len(crops) == 0:
+        raise ValueError(f"crops must be uint8 (N, 3, h, w) with N >= 1, got {tuple(crops.shape)} {crops.dtype}")
+    input_size = (int(crops.shape[3]), int(crops.shape[2]))
+    if codec is None:
+        codec = UDPHeatmap(input_size, (input_size[0] // 4, input_size[1] // 4))
+    if format == "onnx":
+        run, runtime, shape = _onnx_runner(path)
+    elif format == "pt2":
+        run, runtime, shape = _pt2_runner(path)
+    else:
+        raise ValueError(f"unknown export format {format!r}; choose one of {FORMATS}")
+    reference_model = _plain_copy(model, fp16=False)
+    runs = []
+    labels = list(labels)
+    for size in (GATE_BATCHES if batch == "dynamic" else (batch,)):
+        index = [i % len(crops) for i in range(size)]
+        images = crops[index]
+        with torch.no_grad():
+            reference = forward_heatmaps(reference_model, images, flip_test, None, flip_indices).numpy()
+        exported = run(normalize_images(images).numpy())
+        tolerance = FP16_RELATIVE_TOLERANCE * float(np.abs(reference).max()) if fp16 else FP32_TOLERANCE
+        run_labels = [labels[i] if i < len(labels) else f"crop {i}" for i in index]
+        runs.append(_compare(reference, exported, codec, tolerance, run_labels))
+    return GateReport(path=str(path), format=format, runtime=runtime, precision="float16" if fp16 else "float32",
+                      source=source, input_shape=shape, runs=runs,
+                      shape_problem=_shape_problem(shape, batch, input_size))
+
+
+# ----------------------------------------------------------------------------------------------
+# Writing
+
+
+@contextlib.contextmanager
+def _staged(path: Path):
+    """Yield a path in a hidden folder beside `path`; on success move what was written there into
+    place (an ONNX file and its external `.data` together); on any error delete it all."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        yield stage / path.name
+        for staged in sorted(stage.iterdir()):
+            os.replace(staged, path.parent / staged.name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _example(batch: str | int, input_size) -> tuple[torch.Tensor, dict | None]:
+    w, h = input_size
+    size = TRACE_BATCH if batch == "dynamic" else batch
+    example = torch.zeros(size, 3, h, w)
+    dynamic = {"images": {0: torch.export.Dim("batch", min=1)}} if batch == "dynamic" else None
+    return example, dynamic
+
+
+def _write_onnx(graph: ExportGraph, path: Path, batch, input_size, metadata: dict, opset: int | None) -> None:
+    example, dynamic = _example(batch, input_size)
+    with torch.no_grad(), contextlib.redirect_stdout(sys.stderr):  # the exporter prints its progress
+        program = torch.onnx.export(graph, (example,), None, dynamo=True, input_names=[INPUT_NAME],
+                                    output_names=[OUTPUT_NAME], dynamic_shapes=dynamic, opset_version=opset,
+                                    verbose=False)
+    program.model.metadata_props.update(metadata)
+    weight_bytes = sum(t.numel() * t.element_size() for t in graph.state_dict().values())
+    program.save(str(path), external_data=weight_bytes > SINGLE_FILE_LIMIT)
+
+
+def _write_pt2(graph: ExportGraph, path: Path, batch, input_size) -> None:
+    example, dynamic = _example(batch, input_size)
+    with torch.no_grad():
+        program = torch.export.export(graph, (example,), dynamic_shapes=dynamic, strict=False)
+    torch.export.save(program, str(path))
+
+
+def _export(format: str, model: nn.Module, path, *, batch="dynamic", flip_test=False, fp16=False, codec=None,
+            flip_indices=None, crops=None, labels=(), source=None, opset=None,
+            log: Callable[[str], None] | None = print) -> GateReport:
+    if format not in FORMATS:
+        raise ValueError(f"unknown export format {format!r}; choose one of {FORMATS}")
+    if format == "onnx":
+        require()
+    batch = _check_batch(batch)
+    path = Path(path)
+    num_keypoints = int(unwrap_model(model).head.final_layer.out_channels)
+    if flip_indices is None and num_keypoints != len(FLIP_INDICES) and flip_test:
+        raise ValueError(f"flip test of a {num_keypoints}-keypoint model needs flip_indices (COCO's are for 17)")
+    input_size = _input_size(model, codec)
+    if codec is None:
+        codec = UDPHeatmap(input_size, (input_size[0] // 4, input_size[1] // 4))
+    if crops is None:
+        crops, labels, source = gate_crops(None, input_size)
+    if tuple(crops.shape[2:]) != (input_size[1], input_size[0]):
+        raise ValueError(f"gate crops are {tuple(crops.shape[2:])} (h, w), the model takes {input_size[::-1]}")
+    graph = ExportGraph(_plain_copy(model, fp16), flip_test, flip_indices, fp16).eval()
+    with _staged(path) as staged:
+        if format == "onnx":
+            metadata = _metadata(codec, flip_test, flip_indices, fp16, batch, num_keypoints)
+            _write_onnx(graph, staged, batch, input_size, metadata, opset)
+        else:
+            _write_pt2(graph, staged, batch, input_size)
+        report = check_export(staged, model, crops, format=format, batch=batch, flip_test=flip_test,
+                              flip_indices=flip_indices, fp16=fp16, codec=codec, labels=labels,
+                              source=source or "the given crops")
+        report.path = str(path)
+        if log is not None:
+            for line in report.lines():
+                log(line)
+        if not report.passed:
+            raise GateError(report)
+    return report
+
+
+def to_onnx(model: nn.Module, path, *, batch: str | int = "dynamic", flip_test: bool = False, fp16: bool = False,
+            codec=None, flip_indices: Sequence[int] | None = None, crops: torch.Tensor | None = None,
+            labels: Sequence[str] = (), source: str | None = None, opset: int | None = None,
+            log: Callable[[str], None] | None = print) -> GateReport:
+    """Export `model` to ONNX at `path`, written only if it passes the gate (`check_export`).
+
+    Args:
+        model: a ViTPose with its weights (left unchanged: a CPU copy is exported).
+        path: the .onnx file (ViTPose-H in fp32 also writes `<path>.data`, its weights).
+        batch: "dynamic" (a `batch` axis) or a fixed batch size.
+        flip_test: bake the flip test into the graph (2N crops run inside; N heatmaps out).
+        fp16: float16 weights and arithmetic (for GPU runtimes), float32 input and output; the
+            gate's bound is then FP16_RELATIVE_TOLERANCE of the heatmap peak.
+        codec: the model's codec (default: UDPHeatmap of the model's input size); recorded in
+            the file's metadata and used to decode keypoints in the gate.
+        flip_indices: left/right keypoint order for the flip test (None: COCO-17).
+        crops, labels, source: the gate's uint8 RGB crops (default: `gate_crops()`, the synthetic set).
+        opset: ONNX opset (None: the exporter's default, 20 with torch 2.14).
+        log: where the gate's figures go (None: silent).
+    Returns the GateReport. Raises GateError (file deleted) if the gate fails, MissingDependencyError
+    without onnx / onnxscript / onnxruntime.
+    """
+    return _export("onnx", model, path, batch=batch, flip_test=flip_test, fp16=fp16, codec=codec,
+                   flip_indices=flip_indices, crops=crops, labels=labels, source=source, opset=opset, log=log)
+
+
+def to_exported_program(model: nn.Module, path, *, batch: str | int = "dynamic", flip_test: bool = False,
+                        fp16: bool = False, codec=None, flip_indices: Sequence[int] | None = None,
+                        crops: torch.Tensor | None = None, labels: Sequence[str] = (), source: str | None = None,
+                        log: Callable[[str], None] | None = print) -> GateReport:
+    """Export `model` as a `torch.export` program (`torch.export.save`, a .pt2 file), gated like
+    `to_onnx` (run through `torch.export.load(path).module()`). Same arguments as `to_onnx`."""
+    return _export("pt2", model, path, batch=batch, flip_test=flip_test, fp16=fp16, codec=codec,
+                   flip_indices=flip_indices, crops=crops, labels=labels, source=source, log=log)
+
+
+def export(model: nn.Module, path, format: str, **kwargs) -> GateReport:
+    """`to_onnx` or `to_exported_program` by name ("onnx" | "pt2")."""
+    if format == "onnx":
+        return to_onnx(model, path, **kwargs)
+    if format == "pt2":
+        return to_exported_program(model, path, **kwargs)
+    raise ValueError(f"unknown export format {format!r}; choose one of {FORMATS}")
+
+
+# ----------------------------------------------------------------------------------------------
+# `vitpose export`
+
+EXIT_OK, EXIT_GATE, EXIT_USAGE = 0, 1, 2
+SUFFIXES = {".onnx": "onnx", ".pt2": "pt2"}
+
+
+def _batch_arg(text: str) -> str | int:
+    if text == "dynamic":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'dynamic' or a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected 'dynamic' or a positive integer, got {text!r}")
+    return value
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """The `export` subcommand on `vitpose`'s subparsers."""
+    parser = subparsers.add_parser(
+        "export", help="write an ONNX or torch.export file, only after it ran equal to PyTorch",
+        description="Export a ViTPose checkpoint. The file is written only after it has been run "
+                    "(onnxruntime CPU / torch.export.load) on real crops at batch 1 and a larger batch "
+                    "and found equal to PyTorch (heatmaps within 1e-4; fp16: 1e-2 of the peak). "
+                    "Exit status 1 and no file otherwise.")
+    parser.add_argument("--model", required=True, help="checkpoint path (any layout load_weights reads)")
+    parser.add_argument("--config", help="training config (YAML) of the checkpoint; default: size, decoder "
+                                         "and input size told from the file's tensor shapes")
+    parser.add_argument("--format", choices=FORMATS, help="default: from --out's suffix (.onnx / .pt2)")
+    parser.add_argument("--out", required=True, help="the file to write")
+    parser.add_argument("--batch", type=_batch_arg, default="dynamic", help="'dynamic' (default) or a fixed size")
+    parser.add_argument("--flip-test", action="store_true", help="bake the flip test into the graph")
+    parser.add_argument("--fp16", action="store_true", help="float16 weights (GPU runtimes); float32 input/output")
+    parser.add_argument("--opset", type=int, help="ONNX opset (default: the exporter's)")
+    parser.add_argument("--gate-data", help="COCO keypoint folder for the gate's crops (MMPose layout with "
+                                            "annotations/ and val2017/, or one COCO JSON beside its images); "
+                                            "default: a synthetic set made on the fly")
+    parser.set_defaults(run=run)
+    return parser
+
+
+def _resolve_format(fmt: str | None, out: Path) -> str:
+    by_suffix = SUFFIXES.get(out.suffix.lower())
+    if fmt is None:
+        if by_suffix is None:
+            raise ValueError(f"--out {out}: cannot tell the format from suffix {out.suffix!r}; "
+                             f"pass --format ({' or '.join(FORMATS)})")
+        return by_suffix
+    if by_suffix is not None and by_suffix != fmt:
+        raise ValueError(f"--format {fmt} but --out {out} has the suffix of {by_suffix}")
+    return fmt
+
+
+def load_model(checkpoint, config=None):
+    """(model with weights, codec) of a checkpoint: built from `config` when given, else from the
+    file's tensor shapes (`infer_model_spec`). A file of another size than the config raises
+    CheckpointError naming both sizes."""
+    from vitpose.models.checkpoint import infer_model_spec, load_weights
+
+    checkpoint = Path(checkpoint)
+    if not checkpoint.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {checkpoint}")
+    if config is not None:
+        from vitpose.builders import build_codec, build_model_from_config
+        from vitpose.config import load_config
+
+        cfg = load_config(config)
+        model = build_model_from_config(cfg.model)
+        load_weights(model, checkpoint)
+        return model.eval(), build_codec(cfg.model)
+    spec = infer_model_spec(checkpoint)
+    model = spec.build()
+    load_weights(model, checkpoint)
+    return model.eval(), UDPHeatmap(spec.input_size, spec.heatmap_size)
+
+
+def run(args: argparse.Namespace) -> int:
+    """`vitpose export`: 0 written, 1 the gate failed (no file), 2 bad input."""
+    from vitpose.config import ConfigError
+    from vitpose.data.errors import DataError
+    from vitpose.models.checkpoint import CheckpointError
+
+    try:
+        out = Path(args.out)
+        fmt = _resolve_format(args.format, out)
+        if fmt == "onnx":
+            require()
+        model, codec = load_model(args.model, args.config)
+        crops, labels, source = gate_crops(args.gate_data, codec.input_size)
+        kwargs = dict(batch=args.batch, flip_test=args.flip_test, fp16=args.fp16, codec=codec,
+                      crops=crops, labels=labels, source=source)
+        if fmt == "onnx":
+            kwargs["opset"] = args.opset
+        export(model, out, fmt, **kwargs)
+    except GateError:
+        print(f"vitpose export: the exported file differs from PyTorch (figures above); nothing was written "
+              f"to {args.out}", file=sys.stderr)
+        return EXIT_GATE
+    except (MissingDependencyError, CheckpointError, ConfigError, DataError, FileNotFoundError, ValueError) as e:
+        print(f"vitpose export: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    size = sum(p.stat().st_size for p in (out, out.with_name(out.name + ".data")) if p.is_file())
+    print(f"wrote {out} ({size / 2**20:.1f} MiB)")
+    return EXIT_OK
