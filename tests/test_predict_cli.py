@@ -259,7 +259,8 @@ def test_videos_and_webcams_go_to_the_video_module(tmp_path, tiny, capsys, monke
     config, checkpoint = tiny
     calls = []
     stub = types.ModuleType("vitpose.video")
-    stub.run_video = lambda predictor, source, args: calls.append((type(predictor).__name__, source)) or 0
+    stub.run_video = lambda predictor, source, args: calls.append((type(predictor).__name__, source)) or \
+        types.SimpleNamespace(exit_status=0)
     monkeypatch.setitem(sys.modules, "vitpose.video", stub)
     clip = tmp_path / "clip.MP4"
     clip.write_bytes(b"")

@@ -262,7 +262,8 @@ def _run(args) -> int:
         from vitpose.video import run_video  # the video pipeline (decode, detect and pose overlapped)
 
         source = videos[0]
-        return run_video(predictor, int(source) if is_webcam(source) else Path(source).expanduser(), args)
+        summary = run_video(predictor, int(source) if is_webcam(source) else Path(source).expanduser(), args)
+        return summary.exit_status  # 1 when frames were skipped or the video ended early
     if args.track or args.smooth:
         print("vitpose predict: note: --track and --smooth apply to videos; ignored for images", file=sys.stderr)
     return predict_images(predictor, paths, args, boxes)
