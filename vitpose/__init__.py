@@ -11,6 +11,7 @@ _LOCATIONS = {
     "save_weights": "vitpose.models",
     "flip_test": "vitpose.models",
     "Predictor": "vitpose.inference",
+    "OnnxPredictor": "vitpose.onnx_predictor",
     "draw_pose": "vitpose.visualize",
 }
 __version__ = "0.1.0"

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from vitpose.codecs.udp import UDPHeatmap
-from vitpose.data.geometry import bbox_xywh2xyxy, bbox_xyxy2cs
-from vitpose.data.transforms import topdown_affine
+from vitpose.data.geometry import bbox_xywh2xyxy, person_boxes_to_center_scale
+from vitpose.data.transforms import topdown_crops
 from vitpose.device import resolve_device
 from vitpose.topdown import forward_heatmaps, heatmaps_to_keypoints
 
@@ -182,41 +182,12 @@ class Predictor:
         return cls(model, codec=build_codec(cfg.model), **kwargs)
 
     def boxes_to_center_scale(self, boxes, box_format: str = "xyxy", image_shape=None):
-        """(M, 4|5) boxes -> centre (M, 2), scale (M, 2) float32 (padding 1.25, before the aspect fix)."""
-        if boxes is None:
-            if image_shape is None:
-                raise ValueError("boxes=None needs the image shape")
-            h, w = image_shape[:2]
-            boxes = [[0, 0, w, h]]
-            box_format = "xyxy"
-        boxes = np.asarray(boxes, dtype=np.float32)
-        if boxes.ndim == 1 and boxes.shape[0] in (4, 5):
-            boxes = boxes[None]
-        if boxes.ndim != 2 or boxes.shape[1] not in (4, 5):
-            raise ValueError(f"boxes must have shape (M, 4) or (M, 5), got {boxes.shape}")
-        boxes = boxes[:, :4].copy()
-        if not np.all(np.isfinite(boxes)):
-            raise ValueError("boxes contain non-finite values")
-        if box_format == "xywh":
-            boxes = bbox_xywh2xyxy(boxes)
-        elif box_format != "xyxy":
-            raise ValueError(f"box_format must be 'xyxy' or 'xywh', got {box_format!r}")
-        if np.any(boxes[:, 2:] <= boxes[:, :2]):
-            bad = np.nonzero(np.any(boxes[:, 2:] <= boxes[:, :2], axis=1))[0].tolist()
-            raise ValueError(f"boxes {bad} have zero or negative width/height (box_format={box_format!r})")
-        return bbox_xyxy2cs(boxes, padding=1.25)
+        """(M, 4|5) boxes -> centre (M, 2), scale (M, 2) float32 (`geometry.person_boxes_to_center_scale`)."""
+        return person_boxes_to_center_scale(boxes, box_format, image_shape)
 
     def crops(self, image: np.ndarray, center: np.ndarray, scale: np.ndarray):
         """UDP crops of the boxes: uint8 (M, 3, h, w) in the image's channel order, aspect-fixed scales (M, 2)."""
-        out, scales = [], []
-        for c, s in zip(center, scale):
-            crop, _, fixed, _ = topdown_affine(image, c, s, 0.0, self.codec.input_size)
-            out.append(crop.transpose(2, 0, 1))
-            scales.append(fixed)
-        w, h = self.codec.input_size
-        if not out:
-            return np.zeros((0, 3, h, w), np.uint8), np.zeros((0, 2), np.float32)
-        return np.stack(out), np.stack(scales).astype(np.float32)
+        return topdown_crops(image, center, scale, self.codec.input_size)
 
     @torch.no_grad()
     def predict(self, image: np.ndarray, boxes=None, box_format: str = "xyxy", channels: str = "rgb"):

@@ -210,3 +210,35 @@ def crop_to_image(keypoints, center, scale, input_size=(192, 256)):
     center = center[..., None, :]
     scale = scale[..., None, :]
     return keypoints / size * scale + center - 0.5 * scale
+
+
+def person_boxes_to_center_scale(boxes, box_format: str = "xyxy", image_shape=None):
+    """A caller's person boxes (M, 4|5) -> centre (M, 2), scale (M, 2) float32 (padding 1.25,
+    before the aspect fix): the checks and conversion `Predictor` and `OnnxPredictor` share.
+
+    boxes: xyxy (or `box_format="xywh"`) image pixels; a 5th column (a score) is ignored; None
+    means the whole image (`image_shape` (H, W, ...) needed). Raises ValueError naming the boxes
+    that are malformed, non-finite or empty.
+    """
+    if boxes is None:
+        if image_shape is None:
+            raise ValueError("boxes=None needs the image shape")
+        h, w = image_shape[:2]
+        boxes, box_format = [[0, 0, w, h]], "xyxy"
+    boxes = np.asarray(boxes, dtype=np.float32)
+    if boxes.ndim == 1 and boxes.shape[0] in (4, 5):
+        boxes = boxes[None]
+    if boxes.ndim != 2 or boxes.shape[1] not in (4, 5):
+        raise ValueError(f"boxes must have shape (M, 4) or (M, 5), got {boxes.shape}")
+    boxes = boxes[:, :4].copy()
+    if not np.all(np.isfinite(boxes)):
+        raise ValueError("boxes contain non-finite values")
+    if box_format == "xywh":
+        boxes = bbox_xywh2xyxy(boxes)
+    elif box_format != "xyxy":
+        raise ValueError(f"box_format must be 'xyxy' or 'xywh', got {box_format!r}")
+    empty = np.any(boxes[:, 2:] <= boxes[:, :2], axis=1)
+    if np.any(empty):
+        raise ValueError(f"boxes {np.nonzero(empty)[0].tolist()} have zero or negative width/height "
+                         f"(box_format={box_format!r})")
+    return bbox_xyxy2cs(boxes, padding=1.25)

@@ -241,3 +241,17 @@ def build_photometric(transforms=None):
 
     return apply
 
+
+
+def topdown_crops(image, center, scale, input_size=(192, 256)):
+    """UDP crops of several boxes of one image: uint8 (M, 3, h, w) in the image's channel order
+    and the aspect-fixed scales (M, 2) float32 (what `Predictor` and `OnnxPredictor` feed)."""
+    out, scales = [], []
+    for c, s in zip(center, scale):
+        crop, _, fixed, _ = topdown_affine(image, c, s, 0.0, input_size)
+        out.append(crop.transpose(2, 0, 1))
+        scales.append(fixed)
+    w, h = input_size
+    if not out:
+        return np.zeros((0, 3, h, w), np.uint8), np.zeros((0, 2), np.float32)
+    return np.stack(out), np.stack(scales).astype(np.float32)
