@@ -604,7 +604,7 @@ def run_video(predictor, source, args, detector=None) -> VideoSummary:
         predictor: a `vitpose.Predictor` (its model, codec, device, flip_test, crops and
             boxes_to_center_scale are used; `predictor.detector`, when set, finds the people).
         source: a video file path, or a camera index (int or digit string).
-        args: an argparse.Namespace (or any object) with the CONTRACT flags, each optional:
+        args: an argparse.Namespace (or any object) with `vitpose predict`'s flags, each optional:
             `out` (a folder for <stem>.mp4, or a .mp4/.avi path), `json` (a path), `track`,
             `smooth`, `no_flip`, `detector` ("full-frame", "none", or a name: the predictor's
             detector), `boxes` (a detection-results JSON keyed by `frame`); `device` is the
