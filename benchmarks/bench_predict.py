@@ -29,6 +29,9 @@ instrumented pass (timers around each stage's function; MMPose's "other" is infe
 own overhead: per-box pipeline dicts, collation, data samples). Keypoints are compared box by box
 against ours (max |diff| in image pixels, and the share of keypoints within 0.01 px).
 
+`--control` also times ours (Predictor.predict) inside the peers' process, in their venv: it
+separates the implementations from the process they run in (same torch version in both venvs).
+
 `--pipeline` also times `vitpose.video.run_video` on a synthetic 640x480 clip with the threaded
 and the sequential pipeline (the measurement behind the threads in vitpose/video.py).
 Machines are noisy: compare figures of one run only.
@@ -354,6 +357,28 @@ PEERS_SCRIPT = textwrap.dedent(
             stages["other"] = total - sum(stages.values())
             return stages
         instrumented["mmpose"] = mm_stages
+    # ---------------- ours again, in this process: a control for the process and the venv
+    if spec["control"]:
+        sys.path.insert(0, spec["repo"])
+        try:
+            import psutil  # noqa: F401
+        except ImportError:  # vitpose.data.loaders sizes worker pools with it; inference never calls it
+            import types
+            sys.modules["psutil"] = types.ModuleType("psutil")
+        from vitpose.inference import Predictor
+        from vitpose.models.checkpoint import load_weights
+        from vitpose.models.vitpose import build_model
+        ours_model = build_model(spec["model"], spec["decoder"])
+        load_weights(ours_model, spec["mmpose_weights"])
+        predictor = Predictor(ours_model, device=spec["device"], flip_test=spec["flip"], batch_size=spec["batch_size"])
+
+        def ours_run():
+            return [[[k.tolist(), s.tolist()] for k, s in zip(*predictor.predict(read_rgb(item["path"]),
+                                                                                  np.array(item["boxes_xyxy"])))]
+                    for item in spec["inputs"]]
+        result["control"] = dict(keypoints=ours_run())
+        runners["control"] = ours_run
+
     # A server: one timed pass per command, so that the caller interleaves ours and the peers.
     print("READY " + json.dumps(result), flush=True)
     for line in sys.stdin:
@@ -400,7 +425,8 @@ class Peers:
         spec = dict(mmref=str(SHARED / "mmpose-ref"), threads=args.threads, device=args.device,
                     flip=not args.no_flip, decoder=args.decoder, inputs=inputs, peers=args.peers,
                     hf_weights=str(files["hf"]), mmpose_weights=str(files["mmpose"]), check_file=str(files["check"]),
-                    mmpose_config=MMPOSE_CONFIGS[(args.model, args.decoder)],
+                    mmpose_config=MMPOSE_CONFIGS[(args.model, args.decoder)], repo=str(REPO), model=args.model,
+                    batch_size=args.batch_size, control=args.control,
                     hf_backbone=dict(hidden=size["embed_dim"], depth=size["depth"], heads=size["num_heads"]))
         env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
         self.log = open(folder / "peers.log", "w+")
@@ -540,6 +566,8 @@ def main():
     parser.add_argument("--batch-size", type=int, default=64, help="crops per forward pass for ours")
     parser.add_argument("--peers", nargs="*", default=["hf", "mmpose"], choices=["hf", "mmpose"])
     parser.add_argument("--no-peers", action="store_true")
+    parser.add_argument("--control", action="store_true",
+                        help="also time ours (Predictor.predict) inside the peers' process and venv")
     parser.add_argument("--amp", action="store_true", help="add a bf16-autocast run of ours (keypoints not equal)")
     parser.add_argument("--pipeline", action="store_true", help="also time the video pipeline, threads vs sequential")
     parser.add_argument("--pipeline-frames", type=int, default=24)
@@ -575,7 +603,7 @@ def main():
             runners["ours-bf16"] = lambda: run_ours_batched(amp, inputs, flip=flip)
         peers = None if args.no_peers else Peers(args, files, inputs, folder)
         try:
-            for name in ([] if peers is None else args.peers):
+            for name in ([] if peers is None else args.peers + (["control"] if args.control else [])):
                 runners[name] = lambda name=name: peers.time(name)
             # Rounds: every implementation once per round, in the same order, so that the machine's
             # drift (other jobs) spreads over all of them; round 0 is the warm-up.
@@ -611,6 +639,10 @@ def main():
             rows.append((labels[name].format(**res), times[name], peer_stages[name],
                          keypoint_agreement(ours_predict, res["keypoints"])))
             print(f"weights check, {name} model on our normalised crops: max |heatmap diff| {res['weights_check']:.2g}")
+        if args.control and peers is not None:
+            control = peers.ready["control"]["keypoints"]
+            rows.append(("control: ours, predict, in the peers' process and venv", times["control"], {},
+                         keypoint_agreement(ours_predict, control)))
         if amp_keypoints is not None:
             stages = StageTimer()
             run_ours_batched(amp, inputs, stages, flip=flip)
