@@ -91,7 +91,7 @@ def draw_examples(dataset, predictions, out_dir: Path, num_images: int, thr: flo
     import numpy as np
 
     from vitpose.data.image_io import load_image
-    from vitpose.visualize import draw_pose
+    from vitpose.inference.draw import draw_pose
 
     by_image: dict[int, list[dict]] = {}
     for pred in predictions:

@@ -173,7 +173,7 @@ def train(cfg, config_path: Path, resume: str | None, stop, overwrite: bool = Fa
     import torch
 
     from vitpose.builders import build_codec, build_evaluator, build_model_from_config, build_train_set, build_val_set
-    from vitpose.check_data import preflight
+    from vitpose.cli.check_data import preflight
     from vitpose.data.loaders import build_loaders
     from vitpose.engine import distributed as D
     from vitpose.engine.checkpoint import prune_epoch_checkpoints, save_checkpoint
@@ -213,7 +213,7 @@ def train(cfg, config_path: Path, resume: str | None, stop, overwrite: bool = Fa
         if is_main:
             print(describe_dataset("training", train_set))
             print(describe_dataset("validation", val_set))
-            print(report.format(blocks=False), end="")  # the full report: python -m vitpose.check_data
+            print(report.format(blocks=False), end="")  # the full report: vitpose check-data
             check_val_images(val_set, cfg.data.check_val_images)  # a corrupt image fails now, not after epoch 10
         report.raise_on_error()
         loaders = closing.enter_context(build_loaders(train_set, val_set, cfg.loader, seed=cfg.train.seed,

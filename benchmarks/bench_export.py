@@ -6,7 +6,7 @@
 For each model the same weights run three ways on the same random normalised crops (N, 3, 256,
 192), model forward only (no flip test, no decode): eager under `torch.inference_mode`,
 `torch.compile(model)` (inductor; its compilation happens in the warm-up and is reported
-apart), and onnxruntime's CPU provider on the file `vitpose.export.to_onnx` writes (dynamic
+apart), and onnxruntime's CPU provider on the file `vitpose.inference.export.to_onnx` writes (dynamic
 batch, fp32, gated as always). Torch and onnxruntime get the same thread count. Figures are
 crops per second (batch / median time of `--iters` runs after `--warmup`, the three timed in
 turns) and the ratio against eager measured in the same run. Machines are noisy: compare
@@ -26,7 +26,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from vitpose.export import to_onnx
+from vitpose.inference.export import to_onnx
 from vitpose.models.vitpose import build_model
 
 

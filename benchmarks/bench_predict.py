@@ -12,7 +12,7 @@ before anything is timed (so the maps are checked by this project's own loader).
 
 - ours, predict: `Predictor.predict(image, boxes)` per image (the public API on photos).
 - ours, batched: the crops of all four images through the model together, JPEG decoding in a
-  reader thread (`vitpose.video`'s pipeline: what `vitpose predict DIR` and videos run).
+  reader thread (`vitpose.inference.video`'s pipeline: what `vitpose predict DIR` and videos run).
 - HF transformers: `VitPoseImageProcessor` (crops + normalisation) -> `VitPoseForPoseEstimation`
   -> `post_process_pose_estimation`, one call each per image, as HF's model card shows; with
   the flip test, a second forward of the mirrored crops with `flip_pairs` (HF's own flip-back),
@@ -32,8 +32,8 @@ against ours (max |diff| in image pixels, and the share of keypoints within 0.01
 `--control` also times ours (Predictor.predict) inside the peers' process, in their venv: it
 separates the implementations from the process they run in (same torch version in both venvs).
 
-`--pipeline` also times `vitpose.video.run_video` on a synthetic 640x480 clip with the threaded
-and the sequential pipeline (the measurement behind the threads in vitpose/video.py).
+`--pipeline` also times `vitpose.inference.video.run_video` on a synthetic 640x480 clip with the threaded
+and the sequential pipeline (the measurement behind the threads in vitpose/inference/video.py).
 Machines are noisy: compare figures of one run only.
 """
 
@@ -60,10 +60,10 @@ sys.path.insert(0, str(REPO))
 from safetensors.torch import save_file
 
 from vitpose.data.geometry import bbox_xywh2xyxy
-from vitpose.inference import Predictor
+from vitpose.inference.predictor import Predictor
 from vitpose.models.checkpoint import load_weights
 from vitpose.models.vitpose import build_model
-from vitpose.video import Frame, StageTimer, pose_batch
+from vitpose.inference.video import Frame, StageTimer, pose_batch
 
 SHARED = Path(os.environ.get("VITPOSE_SHARED", REPO.parent / "shared"))
 COCO_MINI = SHARED / "data" / "coco-mini"
@@ -210,7 +210,7 @@ def run_ours_batched(predictor, inputs, timer=None, flip=True):
 
 def instrument_predictor(timer):
     """Timers around the functions Predictor.predict calls (one extra pass, for stage shares)."""
-    import vitpose.inference as inference
+    import vitpose.inference.predictor as inference
 
     originals = (inference.forward_heatmaps, inference.heatmaps_to_keypoints, Predictor.crops)
 
@@ -365,7 +365,7 @@ PEERS_SCRIPT = textwrap.dedent(
         except ImportError:  # vitpose.data.loaders sizes worker pools with it; inference never calls it
             import types
             sys.modules["psutil"] = types.ModuleType("psutil")
-        from vitpose.inference import Predictor
+        from vitpose.inference.predictor import Predictor
         from vitpose.models.checkpoint import load_weights
         from vitpose.models.vitpose import build_model
         ours_model = build_model(spec["model"], spec["decoder"])
@@ -512,7 +512,7 @@ def demo_predictor(flip, device="cpu"):
 
 
 def bench_pipeline(predictors, args, folder):
-    from vitpose.video import run_video
+    from vitpose.inference.video import run_video
 
     path = folder / "clip.mp4"
     writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), 25.0, (640, 480))
@@ -528,7 +528,7 @@ def bench_pipeline(predictors, args, folder):
     boxes = folder / "clip_boxes.json"
     boxes.write_text(json.dumps([{"frame": f, "bbox": [60 + 200 * p + 4 * f - 10, 90, 100, 300], "score": 0.9}
                                  for f in range(args.pipeline_frames) for p in range(2)]))
-    print(f"\nvideo pipeline (vitpose.video.run_video), {args.pipeline_frames} frames 640x480 mp4, 2 boxes per "
+    print(f"\nvideo pipeline (vitpose.inference.video.run_video), {args.pipeline_frames} frames 640x480 mp4, 2 boxes per "
           f"frame from a file, --track --out --json, {args.batch_frames} frames per model batch, best of 2 runs "
           f"each, alternating:")
     for label, predictor in predictors:

@@ -18,7 +18,7 @@ export PYTHONUNBUFFERED=1
   # 3. Evaluation throughput with the flip test (one 2B batch vs two passes) on the GPU.
   python benchmarks/bench_eval.py --device cuda --batch-sizes 32 64 --amp bf16
   # 4. Loader + train step sweep on a synthetic set (loader-bound vs GPU-bound verdict).
-  python -m vitpose.tune --config configs/vitpose-s_coco_256x192.yaml --synthetic 256 --steps \
+  vitpose tune --config configs/vitpose-s_coco_256x192.yaml --synthetic 256 --steps \
       --workers 2,4,8,12 --batch-sizes 64 --batches 20 --no-progress --out "${OUT:-/tmp}/tune"
   # 5. The demo end to end on the GPU with fp16 + GradScaler and NVML telemetry.
   python train.py --demo --amp --work-dir /tmp/demo_gpu --set train.log_every=20

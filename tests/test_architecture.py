@@ -101,8 +101,8 @@ def test_imports_only_go_down(path):
 def test_the_checker_sees_an_upward_import(tmp_path):
     """The walker resolves relative and in-function imports (else the test above proves nothing)."""
     sample = tmp_path / "probe.py"
-    sample.write_text("def f():\n    from ..engine import trainer\n    from vitpose.inference import Predictor\n")
+    sample.write_text("def f():\n    from ..engine import trainer\n    from vitpose.inference.predictor import Predictor\n")
     names = [name for _, name in imports_of(sample, module="vitpose.data.probe")]
     table = layer_table()
     assert table[unit_of("vitpose.data.probe", table)] < table[unit_of(names[0], table)]
-    assert "vitpose.engine" in names and "vitpose.engine.trainer" in names and "vitpose.inference" in names
+    assert "vitpose.engine" in names and "vitpose.engine.trainer" in names and "vitpose.inference.predictor" in names

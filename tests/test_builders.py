@@ -3,11 +3,11 @@
 import numpy as np
 import torch
 
-from tests.conftest import REPO
+from conftest import REPO
 from vitpose.builders import build_codec, build_model_from_config, build_train_set, build_val_set
 from vitpose.config import load_config
 from vitpose.engine.checkpoint import save_checkpoint
-from vitpose.inference import Predictor
+from vitpose.inference.predictor import Predictor
 
 
 def test_model_and_codec_follow_the_config():

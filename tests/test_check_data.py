@@ -1,4 +1,4 @@
-"""Preflight: `python -m vitpose.check_data` and train.py's `preflight` catch the silent failures.
+"""Preflight: `vitpose check-data` and train.py's `preflight` catch the silent failures.
 
 Each bad case is a file that would otherwise train to a loss of zero or AP 0 without any error.
 """
@@ -10,8 +10,8 @@ import cv2
 import numpy as np
 import pytest
 
-from tests.conftest import REPO
-from vitpose import check_data
+from conftest import REPO
+from vitpose.cli import check_data
 from vitpose.builders import build_dataset_info, build_train_set, dataset_info_path
 from vitpose.config import ConfigError, load_config
 from vitpose.data import check as C

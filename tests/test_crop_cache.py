@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from vitpose import build_crop_cache as tool
+from vitpose.cli import build_crop_cache as tool
 from vitpose.builders import build_train_set
 from vitpose.coco_meta import LOWER_BODY_IDS, UPPER_BODY_IDS
 from vitpose.config import load_config
@@ -234,7 +234,7 @@ def test_unreadable_image_is_left_out(coco_mini_dir, tmp_path):
 
 
 def test_command_line_builds_the_cache_of_the_configs_training_set(tmp_path, capsys):
-    """`python -m vitpose.build_crop_cache --config CFG` builds the cache for the set
+    """`vitpose build-crop-cache --config CFG` builds the cache for the set
     build_train_set makes from the config, which then trains from it with the exact crops."""
     paths = make_coco(tmp_path / "coco", num_images=3, seed=4, split="train")
     cfg_file = tmp_path / "run.yaml"

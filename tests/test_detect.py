@@ -1,4 +1,4 @@
-"""vitpose.detect wiring: batched calls, people only, score threshold, xyxy boxes, empty results.
+"""vitpose.inference.detect wiring: batched calls, people only, score threshold, xyxy boxes, empty results.
 
 Nothing downloads: stand-in models return chosen outputs, and torchvision's models are built
 with random weights (`pretrained=False`); the boxes themselves are not judged.
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from vitpose import detect
-from vitpose.detect import Detections, FullFrame, PersonDetector, build_detector, make_detector
+from vitpose.inference import detect
+from vitpose.inference.detect import Detections, FullFrame, PersonDetector, build_detector, make_detector
 
 
 class StandIn(torch.nn.Module):

@@ -1,4 +1,4 @@
-"""vitpose.export (ONNX / torch.export with a numeric gate), `vitpose export`, OnnxPredictor and
+"""vitpose.inference.export (ONNX / torch.export with a numeric gate), `vitpose export`, OnnxPredictor and
 `infer_model_spec`.
 
 CI exports ViTPose-S-width models with one transformer block (the export time grows with the
@@ -22,13 +22,13 @@ import torch
 from test_evaluate import tiny_model
 from weights_recipe import derive, load_spec, make_weights
 
-import vitpose.export as E
+import vitpose.inference.export as E
 from vitpose.coco_meta import FLIP_INDICES
 from vitpose.data.loaders import normalize_images
-from vitpose.inference import Predictor
+from vitpose.inference.predictor import Predictor
 from vitpose.models.checkpoint import CheckpointError, infer_model_spec, load_weights, save_weights
 from vitpose.models.vitpose import build_model, flip_test
-from vitpose.onnx_predictor import OnnxPredictor
+from vitpose.inference.onnx import OnnxPredictor
 from vitpose.topdown import forward_heatmaps
 
 REPO = Path(__file__).resolve().parents[1]
@@ -368,7 +368,7 @@ def test_onnx_predictor_runs_without_torch(cli_export, det_image, coco_mini_dir,
 import sys
 sys.modules["torch"] = None  # `import torch` now raises ImportError
 import cv2, numpy as np
-from vitpose.onnx_predictor import OnnxPredictor
+from vitpose.inference.onnx import OnnxPredictor
 image = cv2.imread({str(coco_mini_dir / f"{DET_IMAGE:012d}.jpg")!r}, cv2.IMREAD_COLOR)
 boxes = np.array({boxes.tolist()!r}, np.float32)
 keypoints, scores = OnnxPredictor({str(path)!r}).predict(image, boxes, box_format="xywh", channels="bgr")
@@ -498,7 +498,7 @@ def test_missing_optional_dependency_names_the_extra(tmp_path, monkeypatch, caps
 def test_cli_entry_point_reports_bad_paths(tmp_path):
     """The real interpreter entry (`python -m vitpose.cli`): a missing checkpoint and a gate-data
     folder without a COCO file are one-line errors with exit status 2."""
-    missing = subprocess.run([sys.executable, "-m", "vitpose.cli", "export", "--model", str(tmp_path / "no.pth"),
+    missing = subprocess.run([sys.executable, "-m", "vitpose", "export", "--model", str(tmp_path / "no.pth"),
                               "--out", str(tmp_path / "x.onnx")], cwd=REPO, capture_output=True, text=True,
                              timeout=120)
     assert missing.returncode == 2 and "checkpoint not found" in missing.stderr

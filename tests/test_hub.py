@@ -1,4 +1,4 @@
-"""vitpose.hub without any network: local caches laid out exactly as torch.hub's and the HF Hub's.
+"""vitpose.models.hub without any network: local caches laid out exactly as torch.hub's and the HF Hub's.
 
 - The name table equals MMPose 1.3.2's model-zoo metadata (URLs, hash prefixes, AP) and covers
   every size and decoder.
@@ -25,8 +25,8 @@ from conftest import REPO
 from weights_recipe import load_spec
 
 import vitpose
-from vitpose import hub
-from vitpose.hub import DownloadError, ModelInfo, ModelSpec, UnknownModelError
+from vitpose.models import hub
+from vitpose.models.hub import DownloadError, ModelInfo, ModelSpec, UnknownModelError
 
 SIZES = ("vitpose-s", "vitpose-b", "vitpose-l", "vitpose-h")
 REF_YML = (Path.home() / ".cache/mmpose-ref-venv/lib/python3.11/site-packages/mmpose/.mim/configs"
@@ -161,11 +161,11 @@ def refuse(*a, **k):
     raise OSError("network disabled")
 socket.socket.connect = refuse
 socket.create_connection = refuse
-import vitpose  # `vitpose.hub` as users write it
+import vitpose  # `vitpose.models.hub` as users write it
 out = {}
 for name in sys.argv[1:]:
     try:
-        out[name] = ["ok", str(vitpose.hub.download(name, progress=False))]
+        out[name] = ["ok", str(vitpose.models.hub.download(name, progress=False))]
     except Exception as e:
         out[name] = [type(e).__name__, str(e)]
 print(json.dumps(out))

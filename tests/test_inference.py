@@ -12,7 +12,7 @@ from weights_recipe import layout_weights
 
 import vitpose
 from vitpose.coco_meta import FLIP_INDICES, SKELETON
-from vitpose.inference import Predictor
+from vitpose.inference.predictor import Predictor
 
 
 @pytest.fixture(scope="module")
@@ -202,7 +202,7 @@ class FixedDetector:
         self.calls = []
 
     def __call__(self, images, channels="rgb"):
-        from vitpose.detect import Detections
+        from vitpose.inference.detect import Detections
 
         self.calls.append((len(images), channels))
         return [Detections(np.asarray(b, np.float32).reshape(-1, 4), np.asarray(s, np.float32))
@@ -215,7 +215,7 @@ def test_call_finds_people_with_the_detector(instance):
     detector = FixedDetector([([box, other], [0.9, 0.6])])
     predictor = Predictor(tiny_model(seed=4), device="cpu", detector=detector)
     poses = predictor(image, channels="bgr")
-    assert isinstance(poses, vitpose.inference.Poses) and len(poses) == 2
+    assert isinstance(poses, vitpose.inference.predictor.Poses) and len(poses) == 2
     assert detector.calls == [(1, "bgr")]
     np.testing.assert_array_equal(poses.boxes, np.stack([box, other]))
     np.testing.assert_array_equal(poses.box_scores, np.array([0.9, 0.6], np.float32))

@@ -1,4 +1,4 @@
-"""`python -m vitpose.plot`: the curves drawn are the file's numbers, into a PNG of the stated size."""
+"""`vitpose plot`: the curves drawn are the file's numbers, into a PNG of the stated size."""
 
 import json
 import struct
@@ -6,7 +6,7 @@ import struct
 import numpy as np
 import pytest
 
-from vitpose.plot import load_curves, main
+from vitpose.cli.plot import load_curves, main
 
 
 def write_metrics(path):

@@ -1,4 +1,4 @@
-"""`vitpose predict` on images and directories (the video path belongs to vitpose.video).
+"""`vitpose predict` on images and directories (the video path belongs to vitpose.inference.video).
 
 - On coco-mini with its detection file, the command's keypoints equal evaluate.py's predictions
   and `Predictor.predict` on the same boxes and weights, bit for bit (one crop per forward pass
@@ -22,10 +22,10 @@ from conftest import REPO
 from test_evaluate import load_cli, tiny_model, write_config
 
 import vitpose
-from vitpose import predict_cli
+from vitpose.cli import predict as predict_cli
 from vitpose.cli import build_parser, main
 from vitpose.evaluation.coco_evaluator import load_predictions
-from vitpose.inference import Predictor
+from vitpose.inference.predictor import Predictor
 
 DETECTIONS = "test_coco_det_AP_H_56.json"
 
@@ -141,7 +141,7 @@ def test_directory_with_drawings_and_model_path(tmp_path, small_weights, capsys)
         flat = np.asarray(result["keypoints"]).reshape(17, 3)
         np.testing.assert_array_equal(flat[:, :2], keypoints[0])
         np.testing.assert_array_equal(flat[:, 2].astype(np.float32), scores[0])
-        poses = vitpose.inference.Poses(np.array([[0, 0, w, h]], np.float32), np.ones(1, np.float32),
+        poses = vitpose.inference.predictor.Poses(np.array([[0, 0, w, h]], np.float32), np.ones(1, np.float32),
                                         keypoints, scores)
         drawn = cv2.imread(str(out_dir / result["file_name"]))
         np.testing.assert_array_equal(drawn, predict_cli.draw(image, poses, 0.3))
@@ -217,7 +217,7 @@ def test_source_errors(tmp_path, tiny, capsys):
 
 class Nobody:
     def __call__(self, images, channels="rgb"):
-        from vitpose.detect import Detections
+        from vitpose.inference.detect import Detections
 
         return [Detections(np.zeros((0, 4), np.float32), np.zeros(0, np.float32)) for _ in images]
 
@@ -258,10 +258,10 @@ def test_boxes_file_by_coco_number(tmp_path, tiny, capsys):
 def test_videos_and_webcams_go_to_the_video_module(tmp_path, tiny, capsys, monkeypatch):
     config, checkpoint = tiny
     calls = []
-    stub = types.ModuleType("vitpose.video")
+    stub = types.ModuleType("vitpose.inference.video")
     stub.run_video = lambda predictor, source, args: calls.append((type(predictor).__name__, source)) or \
         types.SimpleNamespace(exit_status=0)
-    monkeypatch.setitem(sys.modules, "vitpose.video", stub)
+    monkeypatch.setitem(sys.modules, "vitpose.inference.video", stub)
     clip = tmp_path / "clip.MP4"
     clip.write_bytes(b"")
     common = ["--config", config, "--model", checkpoint, "--detector", "full-frame", "--device", "cpu"]
@@ -276,6 +276,6 @@ def test_console_script_is_installed_by_pyproject():
     tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["vitpose"] == "vitpose.cli:main"
-    run = subprocess.run([sys.executable, "-m", "vitpose.cli", "predict", "--help"], capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-m", "vitpose", "predict", "--help"], capture_output=True, text=True,
                          cwd=REPO, timeout=120, check=False)
     assert run.returncode == 0 and "--boxes" in run.stdout and "COCO keypoint results" in run.stdout

@@ -206,7 +206,7 @@ def test_mpii_bad_records(tmp_path):
 # ------------------------------------------------------------------------------ drawing and predictions
 
 def test_draw_pose_with_a_skeletons_limbs_and_colours():
-    from vitpose.visualize import draw_pose
+    from vitpose.inference.draw import draw_pose
 
     info = dataset_info("ap10k")
     image = np.zeros((120, 160, 3), np.uint8)

@@ -117,7 +117,7 @@ def test_plain_lines_when_not_a_terminal(tmp_path):
 
 
 def test_records_load_in_plot(tmp_path):
-    from vitpose.plot import load_curves
+    from vitpose.cli.plot import load_curves
 
     t, out = make(tmp_path, total_iters=8)
     run_steps(t, 8, loss=0.5)
@@ -248,7 +248,7 @@ def test_loader_bound_warning(tmp_path, monkeypatch):
     t.close(), out.close()
     warnings = [line for line in stream.getvalue().splitlines() if line.startswith("WARNING")]
     assert warnings == [("WARNING loader-bound: data wait 35% of step; raise loader.num_workers from 4 to 8 "
-                         "(16 cores), or run `python -m vitpose.tune --config configs/vitpose-s.yaml`")]
+                         "(16 cores), or run `vitpose tune --config configs/vitpose-s.yaml`")]
     w = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["kind"] == "warning"]
     assert len(w) == 1 and w[0]["code"] == "loader_bound" and w[0]["data_share"] == pytest.approx(0.35)
 
@@ -264,7 +264,7 @@ def test_no_loader_warning_below_threshold(tmp_path):
 def test_loader_advice_cases():
     assert "from 6 to 8 (16 cores, 8 per process)" in loader_advice(0.5, 6, 16, world_size=2)
     full = loader_advice(0.3, 8, 16, world_size=2)
-    assert "already uses all 16 cores, 8 per process" in full and "vitpose.build_crop_cache" in full
+    assert "already uses all 16 cores, 8 per process" in full and "vitpose.cli.build_crop_cache" in full
     assert "set loader.num_workers explicitly (up to 16" in loader_advice(0.3, None, 16)
     assert "from 0 to 1" in loader_advice(0.9, 0, 4)
 

@@ -1,4 +1,4 @@
-"""vitpose.tracking: ids through motion, crossings and gaps; the One-Euro filter by its formula."""
+"""vitpose.inference.tracking: ids through motion, crossings and gaps; the One-Euro filter by its formula."""
 
 import math
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from vitpose.coco_meta import SIGMAS
-from vitpose.tracking import KeypointSmoother, OneEuroFilter, Tracker, box_iou, keypoint_oks
+from vitpose.inference.tracking import KeypointSmoother, OneEuroFilter, Tracker, box_iou, keypoint_oks
 
 
 def box_at(x, y, w=40.0, h=100.0):

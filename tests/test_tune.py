@@ -1,10 +1,10 @@
-"""vitpose.tune: the verdict logic on known figures, and one tiny end-to-end sweep."""
+"""vitpose.cli.tune: the verdict logic on known figures, and one tiny end-to-end sweep."""
 
 import csv
 
 import pytest
 
-from vitpose.tune import Row, format_table, main, verdict
+from vitpose.cli.tune import Row, format_table, main, verdict
 
 
 def row(workers, loader_sps, step_sps=None, data_wait=None, batch_size=32, requested=None):
@@ -88,12 +88,12 @@ def test_tune_train_step_uses_the_training_optimizer_and_schedule():
     """The tuning step is train.py's step: layer-decay groups and the warmup schedule, not plain AdamW."""
     import torch
 
-    from tests.conftest import REPO
+    from conftest import REPO
     from vitpose.builders import build_model_from_config
     from vitpose.config import load_config
     from vitpose.engine.optim import param_groups
     from vitpose.engine.schedule import lr_factor
-    from vitpose.tune import make_train_step
+    from vitpose.cli.tune import make_train_step
 
     cfg = load_config(REPO / "configs" / "demo.yaml", ["model.extra={embed_dim: 32, depth: 2, num_heads: 2, "
                                                        "deconv_channels: [16, 16]}"])

@@ -1,4 +1,4 @@
-"""vitpose.video: poses on a short synthetic video, through run_video and the command line.
+"""vitpose.inference.video: poses on a short synthetic video, through run_video and the command line.
 
 The video: two stick figures (drawn with vitpose.draw_pose) walking in opposite directions,
 12 frames at 12.5 frames/s. The stand-in detector finds them from the pixels (connected
@@ -16,10 +16,10 @@ from conftest import REPO
 
 from vitpose.builders import build_codec, build_model_from_config
 from vitpose.config import load_config
-from vitpose.inference import Predictor
-from vitpose.tracking import KeypointSmoother, Tracker
-from vitpose.video import FrameReader, load_frame_boxes, run_video
-from vitpose.visualize import draw_pose
+from vitpose.inference.predictor import Predictor
+from vitpose.inference.tracking import KeypointSmoother, Tracker
+from vitpose.inference.video import FrameReader, load_frame_boxes, run_video
+from vitpose.inference.draw import draw_pose
 
 NUM_FRAMES, FPS, SIZE = 12, 12.5, (320, 240)
 # A standing figure: COCO-17 keypoints as fractions of (width 50, height 100) from its top left.

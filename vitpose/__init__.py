@@ -1,29 +1,37 @@
 """vitpose: ViTPose in plain PyTorch.
 
-The names here are the public API (see README.md); each lives in the module named below.
+The names here are the public API (see README.md). `import vitpose` stays light: each name is
+imported from the module below on first use, so that e.g. the torch-free ONNX runtime path
+(`vitpose.OnnxPredictor`) never loads torch.
 """
 
 import importlib
 
-_LOCATIONS = {
+__version__ = "0.1.0"
+
+# public name -> the module that defines it (a subpackage when the name is the module itself)
+_PUBLIC = {
     "build_model": "vitpose.models",
     "load_weights": "vitpose.models",
     "save_weights": "vitpose.models",
     "flip_test": "vitpose.models",
-    "Predictor": "vitpose.inference",
-    "OnnxPredictor": "vitpose.onnx_predictor",
-    "draw_pose": "vitpose.visualize",
+    "Predictor": "vitpose.inference.predictor",
+    "OnnxPredictor": "vitpose.inference.onnx",
+    "draw_pose": "vitpose.inference.draw",
+    "codecs": "vitpose.codecs",
+    "data": "vitpose.data",
+    "engine": "vitpose.engine",
+    "evaluation": "vitpose.evaluation",
+    "models": "vitpose.models",
+    "inference": "vitpose.inference",
+    "hub": "vitpose.models.hub",
+    "detect": "vitpose.inference.detect",
 }
-__version__ = "0.1.0"
-_SUBPACKAGES = ("codecs", "data", "detect", "engine", "evaluation", "hub", "models")
-__all__ = [*_LOCATIONS, *_SUBPACKAGES]
+__all__ = list(_PUBLIC)
 
 
 def __getattr__(name):
-    # Imported on first use so that `import vitpose` stays light and each layer
-    # loads only what it needs.
-    if name in _SUBPACKAGES:
-        return importlib.import_module(f"vitpose.{name}")
-    if name in _LOCATIONS:
-        return getattr(importlib.import_module(_LOCATIONS[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name not in _PUBLIC:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = importlib.import_module(_PUBLIC[name])
+    return module if module.__name__.rsplit(".", 1)[-1] == name else getattr(module, name)

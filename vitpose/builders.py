@@ -1,6 +1,6 @@
 """Config -> objects: the model, the codec and the datasets, built the same way everywhere.
 
-`train.py`, `evaluate.py`, `python -m vitpose.tune` and `Predictor.from_config` all call these, so
+`train.py`, `evaluate.py`, `vitpose tune` and `Predictor.from_config` all call these, so
 a config means the same network and the same crops in each of them.
 """
 

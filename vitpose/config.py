@@ -55,7 +55,7 @@ class DataConfig:
     # crop cache is the fast exact path).
     reduced_decode: bool = False
     # Training only: crop cache directory under `root` (built once by
-    # `python -m vitpose.build_crop_cache --config CFG`); bit-exact crops without JPEG decoding.
+    # `vitpose build-crop-cache --config CFG`); bit-exact crops without JPEG decoding.
     crop_cache: str | None = None
     photometric: bool = False  # optional albumentations colour stage (the ViTPose recipe uses none)
     # Synthetic set for the demo: images per split (0 = use the files under `root`).

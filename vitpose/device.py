@@ -1,4 +1,4 @@
-"""Which device a run uses: one rule for train.py, evaluate.py, `vitpose.tune` and `Predictor`."""
+"""Which device a run uses: one rule for train.py, evaluate.py, `vitpose.cli.tune` and `Predictor`."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ Validation (train=False) is MMPose's val pipeline exactly: decode (OpenCV, full 
 box centre/scale (1.25) -> aspect fix -> UDP warp. Training is MMPose's train pipeline
 (flip, half body, box shift/scale/rotation, UDP warp, UDP targets), bit-exact by default.
 Options:
-- `crop_cache=DIR` (built once by `python -m vitpose.build_crop_cache --config CFG`): bit-exact
+- `crop_cache=DIR` (built once by `vitpose build-crop-cache --config CFG`): bit-exact
   crops read from a memory-mapped file of per-instance image regions instead of decoding the
   JPEG (see crop_cache.py): the fast exact path.
 - `encode_targets=False`: heatmaps are left to the trainer (`udp_encode_torch` on the device);

@@ -24,12 +24,12 @@ reads lie inside the stored region; if not (a bug, or changed augmentation defau
 back to decoding the image (`CocoKeypoints.crop_cache_misses` counts these).
 
 Disk cost: the stored regions are about as large as the decoded images (most of a COCO image
-for a large person, a small window for a small one); `python -m vitpose.build_crop_cache`
+for a large person, a small window for a small one); `vitpose build-crop-cache`
 prints the bytes per instance. The cache records a fingerprint of the `CocoIndex` it was built
 for (instance ids, image names and sizes, boxes, keypoints, augmentation limits, aspect ratio)
 and refuses to serve a dataset with another one; replacing image files needs a rebuild.
 
-    python -m vitpose.build_crop_cache --config configs/vitpose_s.yaml   # writes data.crop_cache
+    vitpose build-crop-cache --config configs/vitpose_s.yaml   # writes data.crop_cache
 """
 
 import hashlib
@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 CACHE_VERSION = 1
 PIXELS_FILE = "pixels.npy"
 INDEX_FILE = "index.npz"
-REBUILD_HINT = "rebuild it with `python -m vitpose.build_crop_cache --config CFG`"
+REBUILD_HINT = "rebuild it with `vitpose build-crop-cache --config CFG`"
 # Pixels bilinear warping may read around the exact footprint of the crop's pixel centres:
 # floor(x) - 1 after fixed-point rounding, and floor(x) + 1 (+1 for an exclusive end).
 _READ_BEFORE, _READ_AFTER = 1, 3
@@ -189,7 +189,7 @@ class CropCache:
         index_path = self.path / INDEX_FILE
         if not index_path.is_file():
             raise DataError("crop cache not found; build it with "
-                            "`python -m vitpose.build_crop_cache --config CFG`", file=index_path)
+                            "`vitpose build-crop-cache --config CFG`", file=index_path)
         with np.load(index_path) as index:
             self.meta = json.loads(str(index["meta"]))
             self._boxes = index["region_boxes"]

@@ -3,7 +3,7 @@
 `predict` turns batches of uint8 crops into the prediction dicts that `CocoEvaluator` takes:
 normalise on the device -> model (the crop and its mirror as ONE batch when flip testing) ->
 UDP decode (vectorised, on the host) -> image pixels, with the same helpers as
-`vitpose.Predictor` (vitpose/inference.py). Every step is MMPose's top-down `predict()`
+`vitpose.Predictor` (vitpose/inference/predictor.py). Every step is MMPose's top-down `predict()`
 (tests/test_evaluate.py checks it against model_vitpose_s_io.npz).
 
 On CUDA the host decode of batch n overlaps the device forward of batch n + 1: the heatmaps are

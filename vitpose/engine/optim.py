@@ -95,7 +95,7 @@ def base_lr(optim_cfg, global_batch: int) -> float:
 def build_optimizer(model, optim_cfg, schedule_cfg, global_batch: int) -> tuple[torch.optim.AdamW, LRSchedule]:
     """AdamW over the layer-decay groups of `model` and the warmup + step schedule that drives it.
 
-    One builder for train.py and `vitpose.tune`, so a tuning run's step is the training step.
+    One builder for train.py and `vitpose.cli.tune`, so a tuning run's step is the training step.
     global_batch: samples per optimizer step over all processes (batch x processes x accum_steps).
     """
     lr = base_lr(optim_cfg, global_batch)

@@ -20,7 +20,7 @@ Where it goes:
 - train.log: the plain lines, through the run's output (`runtime.RunOutput`, which owns that
   file and the handling of a terminal that went away);
 - `work_dir/metrics.jsonl`: one JSON object per report, with a `kind` field ("train", "eval",
-  "warning"); `python -m vitpose.plot WORKDIR` draws it;
+  "warning"); `vitpose plot WORKDIR` draws it;
 - TensorBoard event files under `work_dir/tb` when `tensorboard` is installed and enabled.
 
 metrics.jsonl and tb/ are written by Telemetry alone, and only in the main process (rank 0).
@@ -49,7 +49,7 @@ def loader_advice(data_share: float, num_workers: int | None, cpu_count: int, wo
     """The loader-bound warning, with a concrete change to make."""
     cores = max(cpu_count // max(world_size, 1), 1)  # cores each process's workers can use
     per = f"{cpu_count} cores" + (f", {cores} per process" if world_size > 1 else "")
-    tune = f"`python -m vitpose.tune --config {config_path or 'CONFIG'}`"
+    tune = f"`vitpose tune --config {config_path or 'CONFIG'}`"
     head = f"loader-bound: data wait {data_share:.0%} of step; "
     if num_workers is None:
         return head + f"set loader.num_workers explicitly (up to {cores}, {per}), or run {tune}"
@@ -57,7 +57,7 @@ def loader_advice(data_share: float, num_workers: int | None, cpu_count: int, wo
         target = min(max(2 * num_workers, num_workers + 1), cores)
         return head + f"raise loader.num_workers from {num_workers} to {target} ({per}), or run {tune}"
     return (head + f"loader.num_workers={num_workers} already uses all {per}, so JPEG decoding is "
-            f"CPU-bound: build a crop cache (python -m vitpose.build_crop_cache), move the images to a "
+            f"CPU-bound: build a crop cache (vitpose build-crop-cache), move the images to a "
             f"local SSD, or run {tune}")
 
 

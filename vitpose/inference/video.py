@@ -2,7 +2,7 @@
 
 `vitpose predict video.mp4` (and `vitpose predict 0` for webcam 0) land here. The work per batch
 of frames: decode (OpenCV VideoCapture, BGR -> RGB), detect (one detector call for the batch),
-crop (OpenCV on the CPU; `vitpose.warp_torch` on the model's GPU, bit-equal), pose (the crops of
+crop (OpenCV on the CPU; `vitpose.inference.warp` on the model's GPU, bit-equal), pose (the crops of
 all the frames of the batch through the model together), decode heatmaps, then in frame order
 track / smooth, JSON records, draw, write the video.
 
@@ -51,9 +51,9 @@ import torch
 
 from vitpose.data.transforms import crop_geometry
 from vitpose.topdown import forward_heatmaps, heatmaps_to_keypoints
-from vitpose.tracking import KeypointSmoother, Tracker
-from vitpose.visualize import draw_pose
-from vitpose.warp_torch import warp_affine_uint8
+from vitpose.inference.tracking import KeypointSmoother, Tracker
+from vitpose.inference.draw import draw_pose
+from vitpose.inference.warp import warp_affine_uint8
 
 __all__ = ["FrameReader", "VideoSummary", "load_frame_boxes", "open_video_writer", "run_video"]
 
@@ -612,7 +612,7 @@ def run_video(predictor, source, args, detector=None) -> VideoSummary:
             `batch_images` or 8, 1 for a camera), `pipeline` ("auto" | "threads" | "sequential"),
             `gpu_warp` (None = crops warped on the GPU when the model runs there), `progress`
             (default True), `quiet` (no summary print), `keypoint_threshold` (drawing; default
-            0.3), `tracker_options` / `smooth_options` (dicts of `vitpose.tracking.Tracker` /
+            0.3), `tracker_options` / `smooth_options` (dicts of `vitpose.inference.tracking.Tracker` /
             `KeypointSmoother` arguments).
         detector: a callable `detector(list of RGB frames) -> list of (boxes xyxy, scores)`
             that overrides `predictor.detector`.

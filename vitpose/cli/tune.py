@@ -1,4 +1,4 @@
-"""Find the loader settings that keep the accelerator fed: `python -m vitpose.tune --config CFG`.
+"""Find the loader settings that keep the accelerator fed: `vitpose tune --config CFG`.
 
 Sweeps num_workers x batch size x pin_memory x prefetch_factor over the configured training set
 (or a synthetic one, `--synthetic N`), through the same `build_loaders` the trainer uses, and
@@ -15,9 +15,9 @@ measures for each combination:
 It prints a table and a verdict (loader-bound: raise workers to N / GPU-bound / RAM-bound),
 writes tune.csv, tune.txt and tune.png (throughput vs workers per batch size) into `--out`.
 
-    python -m vitpose.tune --config configs/vitpose-s_coco_256x192.yaml --workers 0,4,8,16 \
+    vitpose tune --config configs/vitpose-s_coco_256x192.yaml --workers 0,4,8,16 \
         --batch-sizes 32,64 --pin-memory both --prefetch 2,4
-    python -m vitpose.tune --config CFG --synthetic 64 --workers 0,2 --batch-sizes 8 --batches 10
+    vitpose tune --config CFG --synthetic 64 --workers 0,2 --batch-sizes 8 --batches 10
 """
 
 from __future__ import annotations
@@ -297,7 +297,7 @@ def plot(rows: list[Row], path: Path) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("num_workers (effective)")
     ax.set_ylabel("samples / s")
-    ax.set_title("vitpose.tune: throughput vs workers")
+    ax.set_title("vitpose.cli.tune: throughput vs workers")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -346,7 +346,7 @@ def default_workers() -> list[int]:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m vitpose.tune", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="vitpose tune", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", required=True, help="YAML config (its model, data and loader sections)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     p.add_argument("--data-root", help="dataset root (default: data.root of the config)")

@@ -6,7 +6,7 @@ image with OpenCV -> normalise -> model (with the flip test) -> UDP decode -> im
 The model and decoding steps are `vitpose.topdown`'s, which the evaluation loop
 (`vitpose.engine.evaluate.predict`) runs too, so the two paths cannot drift apart.
 
-`predictor(image)` finds the people with the predictor's detector (`vitpose.detect`) and returns
+`predictor(image)` finds the people with the predictor's detector (`vitpose.inference.detect`) and returns
 a `Poses`; `predictor([image, ...])` does the same for several images in one call, with the crops
 of all of them batched through the model. `predictor.timer` adds up the seconds of each stage.
 """
@@ -92,7 +92,7 @@ class Predictor:
         amp_dtype: torch.bfloat16 / torch.float16 to run under autocast; None = float32.
         batch_size: boxes per forward pass.
         detector: the person detector `predictor(image)` uses: a callable
-            `(images, channels) -> [vitpose.detect.Detections]` (e.g. `vitpose.detect.PersonDetector`,
+            `(images, channels) -> [vitpose.inference.detect.Detections]` (e.g. `vitpose.inference.detect.PersonDetector`,
             `FullFrame()`), or None (boxes come from the caller). See `from_pretrained` for names.
         model_kwargs: extra `build_model` arguments (checkpoint paths only).
 
@@ -134,23 +134,23 @@ class Predictor:
     @classmethod
     def from_pretrained(cls, name_or_path, detector="default", device=None, config=None, expert: str | None = None,
                         detector_threshold: float | None = None, **kwargs) -> Predictor:
-        """A Predictor for published weights by name (`vitpose.hub.list_models()`) or a weights file.
+        """A Predictor for published weights by name (`vitpose.models.hub.list_models()`) or a weights file.
 
         Args:
             name_or_path: e.g. "vitpose-b-simple" (downloaded once, then cached), or a path to
                 weights in any layout `vitpose.load_weights` reads; its size, decoder and number of
                 keypoints are read from the file's tensors unless `config` is given.
             detector: "default" (Faster R-CNN ResNet-50 FPN v2 on a GPU, MobileNetV3 FPN on CPU),
-                a name of `vitpose.detect.DETECTORS`, "full-frame" (the whole image is one person),
+                a name of `vitpose.inference.detect.DETECTORS`, "full-frame" (the whole image is one person),
                 None (boxes from the caller), or a detector callable.
             device: where the model and the detector run (None/"auto": CUDA when available).
             config: a training config (YAML path or `Config`) for weights of a custom model.
             expert: the ViTPose+ expert for `vitpose-plus-*` files ("coco" by default).
-            detector_threshold: minimum person score (default `vitpose.detect.DEFAULT_SCORE_THRESHOLD`).
+            detector_threshold: minimum person score (default `vitpose.inference.detect.DEFAULT_SCORE_THRESHOLD`).
             kwargs: go to `Predictor` (flip_test, batch_size, amp_dtype, ...).
         """
-        from vitpose import hub
-        from vitpose.detect import DEFAULT_SCORE_THRESHOLD, make_detector
+        from vitpose.models import hub
+        from vitpose.inference.detect import DEFAULT_SCORE_THRESHOLD, make_detector
 
         path = hub.download(name_or_path)
         if config is not None:
@@ -206,7 +206,7 @@ class Predictor:
         return self._keypoints_of_crops(crops, center, fixed_scale)
 
     def detect(self, images: Sequence[np.ndarray], channels: str = "rgb"):
-        """The detector's person boxes of each image (list of `vitpose.detect.Detections`)."""
+        """The detector's person boxes of each image (list of `vitpose.inference.detect.Detections`)."""
         if self.detector is None:
             raise ValueError("this Predictor has no detector: pass boxes=..., or build it with "
                              "Predictor.from_pretrained(..., detector='default' | 'full-frame')")
@@ -293,7 +293,7 @@ def _caller_boxes(boxes, box_format: str):
 
     xywh -> xyxy in float32, as CocoKeypoints converts detection files (same crops, same numbers).
     """
-    from vitpose.detect import Detections
+    from vitpose.inference.detect import Detections
 
     boxes = np.asarray(boxes, dtype=np.float32)
     if boxes.size == 0:

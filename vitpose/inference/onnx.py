@@ -3,7 +3,7 @@
 `OnnxPredictor(path).predict(image, boxes)` has the contract of `vitpose.Predictor.predict` and
 runs the same steps with numpy, OpenCV and onnxruntime only: box -> centre and scale (padding
 1.25) -> UDP warp (`vitpose.data.transforms.topdown_affine`) -> `(x - mean) / std` in float32 ->
-the graph (`vitpose export` / `vitpose.export.to_onnx`) -> flip test (baked into the graph, or
+the graph (`vitpose export` / `vitpose.inference.export.to_onnx`) -> flip test (baked into the graph, or
 here with `vitpose.codecs.flip_heatmaps`) -> UDP decode -> image pixels (`crop_to_image`).
 
 Packages this path needs at run time: numpy, opencv-python-headless and onnxruntime (or

@@ -1,4 +1,4 @@
-"""Check a config's data before training: `python -m vitpose.check_data --config CFG [--all]`.
+"""Check a config's data before training: `vitpose check-data --config CFG [--all]`.
 
 Builds the skeleton (`data.dataset_info`), the training and validation sets exactly as train.py
 does (`vitpose.builders`), and runs the checks of vitpose/data/check.py on them: K of the file =
@@ -57,7 +57,7 @@ def preflight(cfg: Config, train_set) -> C.CheckReport:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m vitpose.check_data",
+    ap = argparse.ArgumentParser(prog="vitpose check-data",
                                  description="Check a config's skeleton, annotation files and images before "
                                              "training; exit status 1 when a check fails.")
     ap.add_argument("--config", required=True, help="YAML run config (as for train.py)")

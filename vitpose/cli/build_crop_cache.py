@@ -1,6 +1,6 @@
 """Build the training crop cache of a run config (see vitpose/data/crop_cache.py).
 
-    python -m vitpose.build_crop_cache --config configs/vitpose-s_coco_256x192.yaml [--set k=v ...]
+    vitpose build-crop-cache --config configs/vitpose-s_coco_256x192.yaml [--set k=v ...]
 
 The training set comes from the same config -> dataset builder as train.py
 (`vitpose.builders.build_train_set`, without a cache), so the cache is built for exactly the
@@ -19,7 +19,7 @@ from pathlib import Path
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m vitpose.build_crop_cache",
+    ap = argparse.ArgumentParser(prog="vitpose build-crop-cache",
                                  description="Build the training crop cache of a config's data "
                                              "(written to data.root / data.crop_cache, or --out).")
     ap.add_argument("--config", required=True, help="YAML run config (as for train.py)")

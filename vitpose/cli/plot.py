@@ -1,4 +1,4 @@
-"""Training curves from a run's metrics.jsonl: `python -m vitpose.plot WORKDIR [--out PNG]`.
+"""Training curves from a run's metrics.jsonl: `vitpose plot WORKDIR [--out PNG]`.
 
 Draws loss, learning rate, validation AP and samples/s against the iteration into
 WORKDIR/curves.png (1200x800). A run that was resumed from an earlier checkpoint appends records
@@ -103,7 +103,7 @@ def plot_metrics(work_dir: str | Path, out: str | Path | None = None) -> tuple[P
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(prog="python -m vitpose.plot", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="vitpose plot", description=__doc__.splitlines()[0])
     parser.add_argument("work_dir", help="a training run's work_dir (holds metrics.jsonl)")
     parser.add_argument("--out", default=None, help="PNG to write (default WORKDIR/curves.png)")
     args = parser.parse_args(argv)

@@ -8,7 +8,7 @@
 Images: each file is decoded with OpenCV, the detector finds the people (or `--boxes` gives
 them), the crops of `--batch-images` images go through the model together, and `--out` gets the
 drawn image under the same name, `--json` the COCO results of all images. Video files and webcam
-indices go to `vitpose.video.run_video`.
+indices go to `vitpose.inference.video.run_video`.
 
 `--json` is a COCO keypoint results list (what `COCO.loadRes` reads), one entry per person:
 `image_id` (the file name's number when every file is COCO-named, e.g. 000000197388.jpg, else a
@@ -50,11 +50,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("source", nargs="+",
                    help="images and directories of images, or one video file or webcam index (0, 1, ...)")
     p.add_argument("--model", default=DEFAULT_MODEL,
-                   help="a published name (vitpose.hub.list_models()) or a weights file (default: %(default)s)")
+                   help="a published name (vitpose.models.hub.list_models()) or a weights file (default: %(default)s)")
     p.add_argument("--config", default=None, help="training config of the weights (custom models); "
                    "without it the size and decoder are read from the file")
     p.add_argument("--detector", default=None,
-                   help="default | none | full-frame | a name of vitpose.detect.DETECTORS "
+                   help="default | none | full-frame | a name of vitpose.inference.detect.DETECTORS "
                         "(default: 'default', or 'none' with --boxes)")
     p.add_argument("--detector-threshold", type=float, default=None, help="minimum person score (default 0.3)")
     p.add_argument("--boxes", type=Path, default=None,
@@ -193,7 +193,7 @@ def draw(image_bgr: np.ndarray, poses, keypoint_threshold: float) -> np.ndarray:
     """The poses and their boxes drawn on a copy of a BGR image."""
     import cv2
 
-    from vitpose.visualize import draw_pose
+    from vitpose.inference.draw import draw_pose
 
     canvas = draw_pose(image_bgr, poses.keypoints, poses.keypoint_scores, thr=keypoint_threshold, channels="bgr")
     thickness = max(1, max(image_bgr.shape[:2]) // 400)
@@ -209,7 +209,7 @@ def draw(image_bgr: np.ndarray, poses, keypoint_threshold: float) -> np.ndarray:
 def build_predictor(args):
     """The Predictor of the command line (the model downloads here when it is not cached)."""
     from vitpose.device import resolve_device
-    from vitpose.inference import Predictor
+    from vitpose.inference.predictor import Predictor
 
     detector = args.detector or ("none" if args.boxes is not None else "default")
     if args.boxes is not None and detector != "none":
@@ -228,7 +228,7 @@ def build_predictor(args):
 def run(args) -> int:
     """`vitpose predict`; returns the exit status (errors about the user's input: one line, 2)."""
     from vitpose.config import ConfigError
-    from vitpose.hub import DownloadError, UnknownModelError
+    from vitpose.models.hub import DownloadError, UnknownModelError
     from vitpose.models.checkpoint import CheckpointError
 
     expected = (UsageError, UnknownModelError, DownloadError, CheckpointError, ConfigError, FileNotFoundError,
@@ -259,7 +259,7 @@ def _run(args) -> int:
             raise
         raise UsageError(str(e)) from None
     if videos:
-        from vitpose.video import run_video  # the video pipeline (decode, detect and pose overlapped)
+        from vitpose.inference.video import run_video  # the video pipeline (decode, detect and pose overlapped)
 
         source = videos[0]
         summary = run_video(predictor, int(source) if is_webcam(source) else Path(source).expanduser(), args)

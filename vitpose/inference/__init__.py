@@ -1,0 +1,1 @@
+"""Top-down prediction: boxes -> crops -> model -> keypoints, for images, videos and ONNX."""
