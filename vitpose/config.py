@@ -19,8 +19,10 @@ from typing import Any
 
 import yaml
 
+from vitpose.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """A config file or override that does not fit the schema."""
 
 

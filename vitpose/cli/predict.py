@@ -30,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
+from vitpose.errors import UserError
+
 DEFAULT_MODEL = "vitpose-b-simple"
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".jp2", ".pgm", ".ppm")
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg", ".wmv", ".flv", ".ts")
@@ -38,7 +40,7 @@ RESCORE_THR = 0.2  # keypoint scores above this enter the instance score (MMPose
 EXIT_OK, EXIT_SKIPPED, EXIT_USAGE = 0, 1, 2
 
 
-class UsageError(Exception):
+class UsageError(UserError):
     """A problem with the command line or the user's files, reported in one line (exit status 2)."""
 
 
@@ -228,8 +230,8 @@ def build_predictor(args):
 def run(args) -> int:
     """`vitpose predict`; returns the exit status (errors about the user's input: one line, 2)."""
     from vitpose.config import ConfigError
-    from vitpose.models.hub import DownloadError, UnknownModelError
     from vitpose.models.checkpoint import CheckpointError
+    from vitpose.models.hub import DownloadError, UnknownModelError
 
     expected = (UsageError, UnknownModelError, DownloadError, CheckpointError, ConfigError, FileNotFoundError,
                 NotImplementedError)

@@ -1,7 +1,9 @@
 """The one error type of the data layer: bad files and bad records, named precisely."""
 
+from vitpose.errors import UserError
 
-class DataError(ValueError):
+
+class DataError(UserError, ValueError):
     """A data file or record that cannot be used as it is.
 
     The message names the file, the record (annotation id, image id or list index) and the

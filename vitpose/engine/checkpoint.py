@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from vitpose.errors import UserError
 from vitpose.models.checkpoint import CheckpointError, describe_file, strip_wrapper_prefixes, unwrap_model
 
 REQUIRED_KEYS = ("model", "optimizer", "epoch", "batch", "iteration")
@@ -48,7 +49,7 @@ TEMP_SUFFIX = ".tmp"  # temp files are `.NAME.XXXXXXXX.tmp` beside their target
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
-class CheckpointSaveError(OSError):
+class CheckpointSaveError(UserError, OSError):
     """A checkpoint could not be written (disk full, quota, permissions); the previous one is intact."""
 
 

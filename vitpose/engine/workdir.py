@@ -24,11 +24,12 @@ import tempfile
 from pathlib import Path
 
 from vitpose.engine.checkpoint import TEMP_SUFFIX, checkpoint_files, readable_mode
+from vitpose.errors import UserError
 
 LOCK_NAME = ".lock"
 
 
-class WorkDirError(RuntimeError):
+class WorkDirError(UserError, RuntimeError):
     """The work directory cannot be used as asked (another run holds it, or a fresh start would
     overwrite an earlier run)."""
 

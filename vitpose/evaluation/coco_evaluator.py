@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from vitpose.coco_meta import SIGMAS
+from vitpose.errors import UserError
 from vitpose.evaluation.nms import oks_nms, soft_oks_nms
 
 log = logging.getLogger(__name__)
@@ -52,11 +53,11 @@ DEFAULT_CATEGORY_ID = 1  # a prediction without `category_id` (COCO's "person")
 BOX_AREA_SHARE = 0.53
 
 
-class PredictionError(ValueError):
+class PredictionError(UserError, ValueError):
     """A prediction that does not fit the schema (names its position, id and the field)."""
 
 
-class GroundTruthError(ValueError):
+class GroundTruthError(UserError, ValueError):
     """An annotation file COCO keypoint evaluation cannot use (names the file, the record, the field)."""
 
 

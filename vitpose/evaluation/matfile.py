@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from vitpose.errors import UserError
+
 HEADER_BYTES = 128
 MI_MATRIX, MI_COMPRESSED = 14, 15
 # Data types of element contents (miINT8 ... miUINT64) -> NumPy type (byte order added later).
@@ -28,7 +30,7 @@ NUMERIC_CLASSES = {6: "f8", 7: "f4", 8: "i1", 9: "u1", 10: "i2", 11: "u2", 12: "
 COMPLEX_FLAG = 0x0800
 
 
-class MatFileError(ValueError):
+class MatFileError(UserError, ValueError):
     """A file this reader cannot read (names the file and what is wrong)."""
 
 

@@ -43,6 +43,7 @@ from torch import nn
 from vitpose.coco_meta import FLIP_INDICES, KEYPOINT_NAMES, PIXEL_MEAN, PIXEL_STD
 from vitpose.codecs.udp import UDPHeatmap
 from vitpose.data.loaders import normalize_images
+from vitpose.errors import UserError
 from vitpose.models.checkpoint import unwrap_model
 from vitpose.topdown import forward_heatmaps
 
@@ -77,12 +78,14 @@ GATE_BATCHES = (1, 5)
 SINGLE_FILE_LIMIT = 1.8 * 2**30
 
 
-class MissingDependencyError(ImportError):
+class MissingDependencyError(UserError, ImportError):
     """An optional package of the `export` extra is not installed."""
 
 
-class GateError(RuntimeError):
+class GateError(UserError, RuntimeError):
     """The exported file did not run equal to PyTorch; it was deleted. `.report` has the figures."""
+
+    exit_status = 1  # the input was fine; the export is what failed
 
     def __init__(self, report: GateReport):
         super().__init__("\n".join(report.lines()))

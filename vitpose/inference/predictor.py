@@ -149,8 +149,8 @@ class Predictor:
             detector_threshold: minimum person score (default `vitpose.inference.detect.DEFAULT_SCORE_THRESHOLD`).
             kwargs: go to `Predictor` (flip_test, batch_size, amp_dtype, ...).
         """
-        from vitpose.models import hub
         from vitpose.inference.detect import DEFAULT_SCORE_THRESHOLD, make_detector
+        from vitpose.models import hub
 
         path = hub.download(name_or_path)
         if config is not None:

@@ -50,10 +50,10 @@ import numpy as np
 import torch
 
 from vitpose.data.transforms import crop_geometry
-from vitpose.topdown import forward_heatmaps, heatmaps_to_keypoints
-from vitpose.inference.tracking import KeypointSmoother, Tracker
 from vitpose.inference.draw import draw_pose
+from vitpose.inference.tracking import KeypointSmoother, Tracker
 from vitpose.inference.warp import warp_affine_uint8
+from vitpose.topdown import forward_heatmaps, heatmaps_to_keypoints
 
 __all__ = ["FrameReader", "VideoSummary", "load_frame_boxes", "open_video_writer", "run_video"]
 

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from vitpose.errors import UserError
 from vitpose.models.vit import resize_pos_embed
 
 log = logging.getLogger(__name__)
@@ -109,7 +110,7 @@ OFFICIAL_HEAD, OFFICIAL_EXTRA_HEADS = "keypoint_head.", "associate_keypoint_head
 SKIPPED_BACKBONE = re.compile(r"^(cls_token|mask_token|dist_token|fc_norm\.|decoder.*|head\.)")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A weights source that cannot be read or does not fit the model."""
 
 

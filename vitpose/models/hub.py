@@ -27,6 +27,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from vitpose.errors import UserError
+
 __all__ = ["DownloadError", "ModelInfo", "ModelSpec", "UnknownModelError", "download", "list_models",
            "model_spec", "is_offline"]
 
@@ -37,11 +39,11 @@ PLUS_EXPERTS = ("coco", "aic", "mpii", "ap10k", "apt36k", "coco_wholebody")
 WEIGHT_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors", ".ckpt")
 
 
-class UnknownModelError(ValueError):
+class UnknownModelError(UserError, ValueError):
     """A model name that is neither a published name nor an existing file."""
 
 
-class DownloadError(RuntimeError):
+class DownloadError(UserError, RuntimeError):
     """Weights that are not cached and could not be downloaded (offline, no network, bad hash)."""
 
 
