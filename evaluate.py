@@ -1,217 +1,24 @@
-"""Evaluate a ViTPose checkpoint on COCO keypoints (val2017 by default) with ViTPose's protocol.
+"""`python evaluate.py ...` is `vitpose evaluate ...`: the same flags, the same run (vitpose/cli/evaluate.py).
 
-    python evaluate.py --checkpoint vitpose-s.pth                       # config's boxes, flip test
+    python evaluate.py --checkpoint work_dirs/demo/best.pth            # the config the checkpoint records
     python evaluate.py --config configs/vitpose-b_coco_256x192.yaml --checkpoint ckpt.pth --amp
-    python evaluate.py --checkpoint ckpt.pth --gt-boxes                  # ground-truth person boxes
-    python evaluate.py --checkpoint ckpt.pth --bbox-file dets.json --no-flip-test --vis vis/
-
-The protocol is MMPose's CocoMetric with the ViTPose settings (docs/evaluation.md): person boxes from the
-detection file the config names (COCO_val2017_detections_AP_H_56_person.json, all scores kept)
-or the GT boxes, UDP crops, flip test, rescoring bbox_score x mean(keypoint scores > 0.2),
-OKS-NMS at 0.9, then COCOeval (keypoints). It prints the ten COCO stats and writes the raw
-predictions (--out) and the COCO results file that COCOeval scored (next to it).
 """
 
-from __future__ import annotations
-
-import argparse
-import os
 import sys
-import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent
-DEFAULT_CONFIG = REPO / "configs" / "vitpose-s_coco_256x192.yaml"
-EXIT_USAGE = 2
+from vitpose.cli import command_parser, run_standalone
+from vitpose.cli import evaluate as command
 
-
-class UsageError(Exception):
-    """A problem with the command line or the machine that the user can fix."""
+__all__ = ["main", "parse_args"]
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                allow_abbrev=False, epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="YAML config (default: %(default)s)")
-    p.add_argument("--checkpoint", required=True,
-                   help="weights: this project's checkpoints or .safetensors, MMPose 1.x, official ViTPose or HF files")
-    boxes = p.add_mutually_exclusive_group()
-    boxes.add_argument("--bbox-file", type=Path, default=None,
-                       help="COCO detection results JSON for the person boxes (default: the config's data.val_bbox_file)")
-    boxes.add_argument("--gt-boxes", action="store_true", help="use the ground-truth boxes of the annotation file")
-    p.add_argument("--no-flip-test", action="store_true", help="skip the flip test (on by default)")
-    p.add_argument("--batch-size", type=int, default=None, help="crops per batch (default: loader.val_batch_size)")
-    p.add_argument("--workers", type=int, default=None, help="data loader workers (default: min(8, CPUs))")
-    p.add_argument("--amp", action="store_true", help="autocast (train.amp_dtype on CUDA, bfloat16 on CPU)")
-    p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: train.device, auto = CUDA if present)")
-    p.add_argument("--data-root", default=None, help="COCO root (overrides data.root)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override any config field, e.g. --set eval.nms_mode=none (repeatable)")
-    p.add_argument("--out", type=Path, default=None,
-                   help="predictions JSON (default: WORK_DIR/eval/predictions.json); the COCO results go "
-                        "to the same name ending in .coco_results.json")
-    p.add_argument("--vis", type=Path, default=None, help="write pose drawings (PNG) of the first images here")
-    p.add_argument("--vis-num", type=int, default=10, help="how many images --vis draws (default: %(default)s)")
-    return p.parse_args(argv)
+def parse_args(argv=None):
+    return command_parser(command, "evaluate.py").parse_args(argv)
 
 
-def pick_device(name: str | None):
-    from vitpose.device import resolve_device
-
-    try:
-        return resolve_device(name)
-    except ValueError as e:
-        raise UsageError(f"--device: {e}") from None
-
-
-def pick_amp_dtype(device, amp: bool, amp_dtype: str):
-    """The autocast dtype train.py would use (vitpose.engine.precision), or None for fp32."""
-    from vitpose.engine.precision import resolve_precision
-
-    precision = resolve_precision(device, amp, amp_dtype)
-    if precision.note:
-        print(precision.note)
-    return precision.dtype
-
-
-def resolve_boxes(args, cfg, root: Path) -> Path | None:
-    from vitpose.builders import val_bbox_path
-
-    if args.gt_boxes:
-        return None
-    if args.bbox_file is not None:
-        return args.bbox_file
-    return val_bbox_path(cfg, root)
-
-
-def draw_examples(dataset, predictions, out_dir: Path, num_images: int, thr: float = 0.3) -> list[Path]:
-    """PNG drawings of every prediction (after NMS) on the first `num_images` images."""
-    import cv2
-    import numpy as np
-
-    from vitpose.data.image_io import load_image
-    from vitpose.inference.draw import draw_pose
-
-    by_image: dict[int, list[dict]] = {}
-    for pred in predictions:
-        by_image.setdefault(pred["image_id"], []).append(pred)
-    files = {}
-    for i in range(len(dataset)):
-        info = dataset.instance_info(i)
-        files.setdefault(info["image_id"], info["file"])
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for image_id in list(by_image)[:num_images]:
-        image, _ = load_image(files[image_id])  # BGR
-        kept = by_image[image_id]
-        keypoints = np.stack([p["keypoints"] for p in kept])
-        scores = np.stack([p["keypoint_scores"] for p in kept])
-        skeleton = dataset.dataset_info
-        canvas = draw_pose(image, keypoints, scores, thr=thr, channels="bgr", skeleton=skeleton.skeleton,
-                           keypoint_colors=skeleton.keypoint_colors, link_colors=skeleton.link_colors)
-        path = out_dir / f"{image_id:012d}.png"
-        cv2.imwrite(str(path), canvas)
-        written.append(path)
-    return written
-
-
-def run(args) -> dict:
-    from torch.utils.data import DataLoader
-
-    from vitpose.builders import (
-        build_codec,
-        build_dataset_info,
-        build_evaluator,
-        build_model_from_config,
-        build_val_set,
-    )
-    from vitpose.config import load_config
-    from vitpose.engine.evaluate import format_stats, predict
-    from vitpose.evaluation.coco_evaluator import save_predictions
-    from vitpose.models import load_weights
-
-    cfg = load_config(args.config, args.overrides)
-    root = Path(args.data_root if args.data_root is not None else cfg.data.root)
-    device = pick_device(args.device or cfg.train.device)
-    amp_dtype = pick_amp_dtype(device, args.amp or cfg.train.amp, cfg.train.amp_dtype)
-    flip = cfg.eval.flip_test and not args.no_flip_test
-    bbox_file = resolve_boxes(args, cfg, root)
-    ann_file = root / cfg.data.val_ann
-    if bbox_file is not None and not Path(bbox_file).is_file():
-        raise UsageError(f"person detection file not found: {bbox_file} "
-                                "(give one with --bbox-file, or evaluate on GT boxes with --gt-boxes)")
-
-    # Build everything that can fail on bad input before the long part starts.
-    skeleton = build_dataset_info(cfg, root)  # K, flip pairs and OKS sigmas of the data
-    evaluator = build_evaluator(cfg, skeleton, root=root)  # as MMPose scores data.dataset_info
-    dataset = build_val_set(cfg, root, bbox_file, info=skeleton)
-    model = build_model_from_config(cfg.model)
-    report = load_weights(model, args.checkpoint)
-    model.to(device).eval()
-    codec = build_codec(cfg.model)
-
-    rescoring = (f"bbox_score x mean(keypoint scores > {cfg.eval.keypoint_score_thr:g})"
-                 if cfg.eval.score_mode == "bbox_keypoint" else "none (bbox score)")
-    nms = "none" if cfg.eval.nms_mode == "none" else f"{cfg.eval.nms_mode} at {cfg.eval.nms_thr:g}"
-    print(f"model     : {cfg.model.name} ({cfg.model.decoder} decoder) from {args.checkpoint} "
-          f"[{getattr(report, 'layout', '?')} layout]")
-    print(f"boxes     : {'detections from ' + str(bbox_file) if bbox_file else 'ground truth (' + str(ann_file) + ')'}"
-          f" -> {len(dataset)} person crops")
-    print(f"protocol  : flip test {'on' if flip else 'off'}; rescoring {rescoring}; NMS {nms}; "
-          f"COCOeval keypoints")
-    print(f"device    : {device}{' autocast ' + str(amp_dtype).replace('torch.', '') if amp_dtype else ''}")
-
-    workers = args.workers if args.workers is not None else min(8, os.cpu_count() or 1)
-    batch_size = args.batch_size or cfg.loader.val_batch_size
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=workers,
-                        pin_memory=device.type == "cuda", persistent_workers=False)
-    start = time.perf_counter()
-    predictions = predict(model, loader, codec, flip_test=flip, device=device, amp_dtype=amp_dtype,
-                          flip_indices=skeleton.flip_indices)
-    seconds = time.perf_counter() - start
-    print(f"predicted : {len(predictions)} crops in {seconds:.1f} s ({len(predictions) / max(seconds, 1e-9):.1f} crops/s)")
-
-    stats = evaluator.evaluate(predictions)
-    if evaluator.last_nonfinite:
-        print(f"non-finite: {evaluator.last_nonfinite} of {len(predictions)} predictions have non-finite keypoints "
-              f"or scores (a diverged or broken model?); they are scored as misses (OKS 0)")
-    out = args.out or Path(cfg.train.work_dir) / "eval" / "predictions.json"
-    save_predictions(predictions, out)
-    results_file = evaluator.write_results(predictions, out.with_name(out.name.removesuffix(".json") + ".coco_results.json"))
-    print(f"written   : {out} (raw predictions), {results_file} (the COCO results scored)")
-    if args.vis is not None:
-        kept = [dict(p) for p in _after_protocol(evaluator, predictions)]
-        paths = draw_examples(dataset, kept, args.vis, args.vis_num)
-        print(f"drawings  : {len(paths)} images in {args.vis}")
-    print()
-    print(format_stats(stats))
-    return stats
-
-
-def _after_protocol(evaluator, predictions):
-    """The predictions COCOeval scored (rescored and NMS-filtered), as keypoints + scores dicts."""
-    import numpy as np
-
-    for r in evaluator.results(predictions):
-        flat = np.asarray(r["keypoints"]).reshape(-1, 3)
-        yield {"image_id": r["image_id"], "keypoints": flat[:, :2], "keypoint_scores": flat[:, 2]}
-
-
-def main(argv=None) -> dict:
-    args = parse_args(argv)
-    # Errors about the user's files are printed as one line, without a traceback from deep inside.
-    from vitpose.config import ConfigError
-    from vitpose.data.errors import DataError
-    from vitpose.evaluation.coco_evaluator import PredictionError
-    from vitpose.models.checkpoint import CheckpointError
-
-    try:
-        return run(args)
-    except (DataError, ConfigError, CheckpointError, PredictionError, FileNotFoundError, UsageError) as e:
-        print(f"evaluate.py: error: {e}", file=sys.stderr)
-        raise SystemExit(EXIT_USAGE) from None
+def main(argv=None) -> int:
+    return run_standalone(command, argv, "evaluate.py")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

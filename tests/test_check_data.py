@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
+from vitpose import cli
 from vitpose.cli import check_data
 from vitpose.builders import build_dataset_info, build_train_set, dataset_info_path
 from vitpose.config import ConfigError, load_config
@@ -48,7 +49,7 @@ def test_flip_problem(flip, problem):
 
 
 def test_clean_k5_set_passes(k5_root, capsys):
-    code = check_data.main(["--config", str(REPO / "configs" / "demo_k5.yaml"), "--data-root", str(k5_root),
+    code = cli.main(["check-data", "--config", str(REPO / "configs" / "demo_k5.yaml"), "--data-root", str(k5_root),
                             "--set", f"data.dataset_info={K5}", "--all"])
     out = capsys.readouterr().out
     assert code == 0, out
@@ -63,7 +64,7 @@ def test_clean_k5_set_passes(k5_root, capsys):
 
 
 def test_model_k_differs_from_skeleton(k5_root, capsys):
-    code = check_data.main(["--config", str(REPO / "configs" / "demo_k5.yaml"), "--data-root", str(k5_root),
+    code = cli.main(["check-data", "--config", str(REPO / "configs" / "demo_k5.yaml"), "--data-root", str(k5_root),
                             "--set", f"data.dataset_info={K5}", "--set", "model.num_keypoints=17"])
     out = capsys.readouterr().out
     assert code == 1
@@ -74,7 +75,7 @@ def test_model_k_differs_from_skeleton(k5_root, capsys):
 
 def test_skeleton_differs_from_file_is_a_failed_check(k5_root, capsys):
     # COCO's skeleton on a 5-keypoint file: the set cannot be read, named, exit status 1
-    code = check_data.main(["--config", str(REPO / "configs" / "demo_k5.yaml"), "--data-root", str(k5_root),
+    code = cli.main(["check-data", "--config", str(REPO / "configs" / "demo_k5.yaml"), "--data-root", str(k5_root),
                             "--set", "data.dataset_info=coco", "--set", "model.num_keypoints=17"])
     out = capsys.readouterr().out
     assert code == 1
@@ -82,7 +83,7 @@ def test_skeleton_differs_from_file_is_a_failed_check(k5_root, capsys):
 
 
 def test_unknown_dataset_name_exits_2(k5_root, capsys):
-    code = check_data.main(["--config", str(REPO / "configs" / "demo_k5.yaml"), "--data-root", str(k5_root),
+    code = cli.main(["check-data", "--config", str(REPO / "configs" / "demo_k5.yaml"), "--data-root", str(k5_root),
                             "--set", "data.dataset_info=coco_whole_body"])
     err = capsys.readouterr().err
     assert code == 2 and "unknown dataset 'coco_whole_body'" in err and "did you mean 'coco_wholebody'" in err

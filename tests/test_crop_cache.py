@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from vitpose.cli import build_crop_cache as tool
+from vitpose import cli
 from vitpose.builders import build_train_set
 from vitpose.coco_meta import LOWER_BODY_IDS, UPPER_BODY_IDS
 from vitpose.config import load_config
@@ -239,7 +239,7 @@ def test_command_line_builds_the_cache_of_the_configs_training_set(tmp_path, cap
     paths = make_coco(tmp_path / "coco", num_images=3, seed=4, split="train")
     cfg_file = tmp_path / "run.yaml"
     cfg_file.write_text(f"data:\n  root: {paths.root}\n  crop_cache: crop_cache/train2017\n")
-    assert tool.main(["--config", str(cfg_file), "--workers", "1", "--set", "train.seed=3"]) == 0
+    assert cli.main(["build-crop-cache", "--config", str(cfg_file), "--workers", "1", "--set", "train.seed=3"]) == 0
     assert "instances in" in capsys.readouterr().out
     cfg = load_config(cfg_file, ["train.seed=3"])
     cached = build_train_set(cfg)
@@ -249,5 +249,5 @@ def test_command_line_builds_the_cache_of_the_configs_training_set(tmp_path, cap
     _assert_same_samples(exact, cached, range(2))
     # without a cache path it refuses before any work
     cfg_file.write_text(f"data:\n  root: {paths.root}\n")
-    assert tool.main(["--config", str(cfg_file)]) == 2
+    assert cli.main(["build-crop-cache", "--config", str(cfg_file)]) == 2
     assert "no cache path" in capsys.readouterr().err

@@ -6,7 +6,12 @@ import struct
 import numpy as np
 import pytest
 
-from vitpose.cli.plot import load_curves, main
+from vitpose import cli
+from vitpose.cli.plot import load_curves
+
+
+def main(argv):
+    return cli.main(["plot", *argv])
 
 
 def write_metrics(path):
@@ -48,20 +53,20 @@ def test_load_curves(tmp_path, capsys):
 def test_cli_writes_png(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     write_metrics(tmp_path / "metrics.jsonl")
-    out = main([str(tmp_path)])
-    assert out == tmp_path / "curves.png" and capsys.readouterr().out.strip() == str(out)
+    assert main([str(tmp_path)]) == 0
+    out = tmp_path / "curves.png"
+    assert capsys.readouterr().out.strip() == str(out)
     assert png_size(out) == (1200, 800)
     import matplotlib.image
 
     pixels = matplotlib.image.imread(out)
     assert pixels.shape[:2] == (800, 1200) and pixels[..., :3].std() > 0.05  # something was drawn
 
-    other = main([str(tmp_path), "--out", str(tmp_path / "sub" / "c.png")])
-    assert png_size(other) == (1200, 800)
+    assert main([str(tmp_path), "--out", str(tmp_path / "sub" / "c.png")]) == 0
+    assert png_size(tmp_path / "sub" / "c.png") == (1200, 800)
 
 
 def test_missing_file_is_a_clear_error(tmp_path, capsys):
-    with pytest.raises(SystemExit) as e:
-        main([str(tmp_path)])
-    assert e.value.code == 1
-    assert "metrics.jsonl not found" in capsys.readouterr().err
+    assert main([str(tmp_path)]) == 2  # a user error: one line, exit status 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("vitpose plot: error: ") and "metrics.jsonl not found" in err[0]

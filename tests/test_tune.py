@@ -4,7 +4,12 @@ import csv
 
 import pytest
 
-from vitpose.cli.tune import Row, format_table, main, verdict
+from vitpose import cli
+from vitpose.cli.tune import Row, format_table, verdict
+
+
+def main(argv):
+    return cli.main(["tune", *argv])
 
 
 def row(workers, loader_sps, step_sps=None, data_wait=None, batch_size=32, requested=None):

@@ -5,6 +5,10 @@ A config file is a YAML mapping of sections (`model`, `data`, `loader`, `optim`,
 loaded first and then updated, so size and decoder variants stay small. Unknown sections or
 fields, in a file or in a `--set section.field=value` override, fail before any work starts,
 naming the key and the closest valid one: a misspelled key must never silently do nothing.
+
+A config is named by its path or by the name of a shipped config (`vitpose-s_coco_256x192`, `demo`):
+the repository's `configs/` folder, installed with the package as `vitpose/configs/` (pyproject's
+`package-dir`), so a `pip install`ed command finds them from any directory.
 """
 
 from __future__ import annotations
@@ -24,6 +28,38 @@ from vitpose.errors import UserError
 
 class ConfigError(UserError, ValueError):
     """A config file or override that does not fit the schema."""
+
+
+def shipped_config_dir() -> Path:
+    """The folder of the shipped configs: `vitpose/configs` when installed, else the checkout's `configs/`."""
+    package = Path(__file__).resolve().parent
+    installed = package / "configs"
+    return installed if installed.is_dir() else package.parent / "configs"
+
+
+def shipped_configs() -> list[str]:
+    """The names of the shipped configs (file names without `.yaml`)."""
+    folder = shipped_config_dir()
+    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+
+
+def find_config(name_or_path: str | Path) -> Path:
+    """The config file a `--config` value means: an existing path, else a shipped config's name.
+
+    Raises ConfigError naming the closest shipped configs when it is neither.
+    """
+    path = Path(name_or_path).expanduser()
+    if path.is_file():
+        return path
+    name = path.name.removesuffix(".yaml").removesuffix(".yml")
+    shipped = shipped_config_dir() / f"{name}.yaml"
+    if len(path.parts) <= 1 or path.parent.name == "configs":  # a bare name, or configs/NAME.yaml elsewhere
+        if shipped.is_file():
+            return shipped
+    names = shipped_configs()
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.4)
+    hint = f"closest shipped configs: {', '.join(close)}" if close else f"shipped configs: {', '.join(names)}"
+    raise ConfigError(f"config file not found: {path} (give a YAML path or a shipped config's name; {hint})")
 
 
 @dataclass
@@ -283,13 +319,21 @@ def parse_override(text: str) -> tuple[str, str, Any]:
         raise ConfigError(f"--set {text!r}: the value is not valid YAML ({_yaml_problem(e)})") from None
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Defaults, then the YAML file (and its `base` chain), then `--set` overrides."""
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), *,
+                recorded: dict | None = None, recorded_in: str = "the checkpoint") -> Config:
+    """Defaults, then the YAML file (and its `base` chain) or a `recorded` config (`Config.to_dict()`
+    as a checkpoint stores it; `recorded_in` names where it came from), then `--set` overrides."""
     cfg = Config()
-    if path is not None:
-        for section, body, source in _read_yaml(Path(path)):
-            for key, value in body.items():
-                _apply(cfg, section, key, value, str(source))
+    layers = _read_yaml(find_config(path)) if path is not None else []
+    if recorded is not None:
+        if not isinstance(recorded, dict):
+            raise ConfigError(f"{recorded_in}: the recorded config is a {type(recorded).__name__}, not a mapping")
+        layers += [(section, body, Path(recorded_in)) for section, body in recorded.items()]
+    for section, body, source in layers:
+        if not isinstance(body, dict):
+            raise ConfigError(f"{source}: section {section!r} must be a mapping, got {body!r}")
+        for key, value in body.items():
+            _apply(cfg, section, key, value, str(source))
     for text in overrides:
         section, key, value = parse_override(text)
         _apply(cfg, section, key, value, f"--set {text}")

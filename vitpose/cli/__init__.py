@@ -1,43 +1,107 @@
-"""The `vitpose` console script: one subcommand per module, each module owns its arguments.
+"""The `vitpose` command: one console script, one subcommand per module, one error handler.
 
-`vitpose predict ...` -> `vitpose.cli.predict`, `vitpose export ...` -> `vitpose.inference.export`. Each has
-`add_parser(subparsers)` (which sets `run` as the parser's default) and `run(args) -> exit status`.
-`vitpose tune | plot | check-data | build-crop-cache ...` hand their arguments to the module's `main(argv)`.
+    vitpose train | evaluate | predict | export | tune | check-data | build-crop-cache | plot ...
+
+Each command module has `add_parser(subparsers)` (which sets `run` as its parser's default) and
+`run(args) -> exit status`. Adding a command is one line in `COMMANDS`. Every subcommand's parser
+is a `CommandParser`: it starts with the shared options (`--config`, `--set`, `--device`,
+`--debug`; a command takes a subset with `shared=`), rejects abbreviated flags, and `main` runs
+it under the one error handler: a `vitpose.errors.UserError` is printed as one line and exits with
+its status (2), `--debug` shows the traceback instead, Ctrl-C exits with 130.
+`python train.py` and `python evaluate.py` are this handler around one command (`run_standalone`).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
+
+from vitpose.cli import build_crop_cache, check_data, evaluate, plot, predict, train, tune
+from vitpose.errors import UserError
+from vitpose.inference import export
+
+# The subcommands, in the order `vitpose --help` lists them.
+COMMANDS = (train, evaluate, predict, export, tune, check_data, build_crop_cache, plot)
+
+SHARED = ("--config", "--set", "--device", "--debug")
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 
 
-def _standalone():
-    from vitpose.cli import build_crop_cache, check_data, plot, tune
+def shared_options(names: Sequence[str] = SHARED) -> argparse.ArgumentParser:
+    """The parent parser of the options every command shares (those in `names`)."""
+    parent = argparse.ArgumentParser(add_help=False)
+    if "--config" in names:
+        parent.add_argument("--config", default=None, metavar="FILE|NAME",
+                            help="run config: a YAML file or the name of a shipped config "
+                                 "(e.g. vitpose-s_coco_256x192, demo; see configs/)")
+    if "--set" in names:
+        parent.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                            help="override a config field, e.g. --set optim.lr=1e-3 (repeatable)")
+    if "--device" in names:
+        parent.add_argument("--device", default=None, help="auto | cpu | cuda | cuda:N")
+    if "--debug" in names:
+        parent.add_argument("--debug", action="store_true", help="show the traceback of an error instead of one line")
+    return parent
 
-    return {"tune": tune, "plot": plot, "check-data": check_data, "build-crop-cache": build_crop_cache}
+
+class CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser: the shared options first, no abbreviated flags (`--lr` must not
+    silently mean something else). A command's own definition of a shared option wins."""
+
+    def __init__(self, *args, shared: Sequence[str] = SHARED, parents: Sequence[argparse.ArgumentParser] = (),
+                 **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("conflict_handler", "resolve")
+        super().__init__(*args, parents=[shared_options(shared), *parents], **kwargs)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from vitpose.cli import predict as predict_cli
-    from vitpose.inference import export
-
-    parser = argparse.ArgumentParser(prog="vitpose", description="ViTPose in plain PyTorch.", allow_abbrev=False)
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    predict_cli.add_parser(subparsers)
-    export.add_parser(subparsers)
-    for name in _standalone():
-        subparsers.add_parser(name, add_help=False)
+def build_parser(prog: str = "vitpose") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="ViTPose in plain PyTorch.", allow_abbrev=False)
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=CommandParser)
+    for command in COMMANDS:
+        command.add_parser(subparsers)
     return parser
 
 
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    commands = _standalone()
-    if argv and argv[0] in commands:
-        result = commands[argv[0]].main(argv[1:])
-        return result if isinstance(result, int) else 0
+def command_parser(command, prog: str) -> argparse.ArgumentParser:
+    """The parser of one command module on its own (`python train.py`: the flags of `vitpose train`)."""
+    holder = argparse.ArgumentParser(prog=prog, add_help=False)
+    parser = command.add_parser(holder.add_subparsers(parser_class=CommandParser))
+    parser.prog = prog
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    return args.run(args)
+    args.argv = argv[1:]  # the command's own arguments, for a command that starts itself again (--detach)
+    return run_command(args, f"vitpose {args.command}")
+
+
+def run_standalone(command, argv: Sequence[str] | None, prog: str) -> int:
+    """`prog ARGS` as `vitpose COMMAND ARGS`, with the same parser and error handler."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = command_parser(command, prog).parse_args(argv)
+    args.argv = argv
+    return run_command(args, prog)
+
+
+def run_command(args: argparse.Namespace, prog: str) -> int:
+    """The one error handler: `args.run(args)`'s exit status; a UserError is one line on stderr."""
+    try:
+        status = args.run(args)
+    except UserError as e:
+        if getattr(args, "debug", False):
+            raise
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return e.exit_status
+    except KeyboardInterrupt:
+        if getattr(args, "debug", False):
+            raise
+        print(f"\n{prog}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return status if isinstance(status, int) else 0
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from vitpose.errors import UserError
+
 FIGSIZE = (12, 8)  # inches, at DPI: 1200 x 800 pixels
 DPI = 100
 
@@ -102,18 +104,19 @@ def plot_metrics(work_dir: str | Path, out: str | Path | None = None) -> tuple[P
     return out, curves
 
 
-def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(prog="vitpose plot", description=__doc__.splitlines()[0])
-    parser.add_argument("work_dir", help="a training run's work_dir (holds metrics.jsonl)")
-    parser.add_argument("--out", default=None, help="PNG to write (default WORKDIR/curves.png)")
-    args = parser.parse_args(argv)
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("plot", help="training curves of a work dir as a PNG", shared=("--debug",),
+                              description=__doc__.splitlines()[0])
+    p.add_argument("work_dir", help="a training run's work_dir (holds metrics.jsonl)")
+    p.add_argument("--out", default=None, help="PNG to write (default WORKDIR/curves.png)")
+    p.set_defaults(run=run)
+    return p
+
+
+def run(args) -> int:
     try:
         out, _ = plot_metrics(args.work_dir, args.out)
     except FileNotFoundError as e:
-        parser.exit(1, f"error: {e}\n")
+        raise UserError(str(e)) from None
     print(out)
-    return out
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -35,6 +35,10 @@ from pathlib import Path
 
 import psutil
 
+from vitpose.config import load_config
+from vitpose.device import resolve_device
+from vitpose.errors import UserError
+
 # A training step that waits for data more than this share of its time is loader-bound.
 WAIT_THRESHOLD = 0.10
 # Worker counts suggested for a loader-bound run get this much headroom over the estimate.
@@ -345,10 +349,10 @@ def default_workers() -> list[int]:
     return sorted(set(counts + [cores]))
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="vitpose tune", description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", required=True, help="YAML config (its model, data and loader sections)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("tune", help="sweep loader workers, batch size, pin_memory and prefetch",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", required=True, metavar="FILE|NAME", help="run config (its model, data and loader sections)")
     p.add_argument("--data-root", help="dataset root (default: data.root of the config)")
     p.add_argument("--synthetic", type=int, default=0, metavar="N",
                    help="sweep on N synthetic 640x480 images generated into a temporary folder")
@@ -360,23 +364,22 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=None, help="untimed batches first (default: workers + 2)")
     p.add_argument("--steps", action=argparse.BooleanOptionalAction, default=None,
                    help="also time the training step (default: on when CUDA is available)")
-    p.add_argument("--device", default=None, help="default: the config's train.device")
     p.add_argument("--out", default=None, help="output folder (default: WORK_DIR/tune)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return p.parse_args(argv)
+    p.set_defaults(run=run)
+    return p
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-
-    from vitpose.config import load_config
-    from vitpose.device import resolve_device
-
-    cfg = load_config(args.config, args.set)
+def run(args) -> int:
+    cfg = load_config(args.config, args.overrides)
     try:
         device = resolve_device(args.device or cfg.train.device)
     except ValueError as e:
-        raise SystemExit(f"--device: {e}") from None
+        raise UserError(f"--device: {e}") from None
+    if min(args.prefetch or [cfg.loader.prefetch_factor]) < 1:
+        raise UserError("--prefetch: values must be >= 1")
+    if args.batches < 1:
+        raise UserError("--batches must be >= 1")
     use_steps = args.steps if args.steps is not None else device.type == "cuda"
     if min(args.prefetch or [cfg.loader.prefetch_factor]) < 1:
         raise SystemExit("--prefetch: values must be >= 1")
@@ -417,7 +420,3 @@ def main(argv=None) -> int:
     print("\n".join(lines))
     print(f"\nwrote {paths['txt']}, {paths['csv']}, {paths['png']}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -16,7 +16,7 @@ error anywhere. The checks here look for that and its relatives before any train
 Each returns `Finding`s (check, status, detail); `CheckReport` collects them with the text blocks
 (per-joint table, histogram) and prints one table. The command line is `python -m
 vitpose.cli.check_data --config CFG [--all]` (vitpose/cli/check_data.py); train.py runs the fast version
-(`vitpose.cli.check_data.preflight`) before its first step.
+(`vitpose.engine.preflight.preflight`) before its first step.
 """
 
 from __future__ import annotations

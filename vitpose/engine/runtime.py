@@ -379,19 +379,19 @@ def strip_flags(argv: list[str], flags: dict[str, int]) -> list[str]:
     return out
 
 
-def detach(command: list[str], log_path: str | Path) -> int:
+def detach(command: list[str], log_path: str | Path, env: dict[str, str] | None = None) -> int:
     """Start `command` in its own session with output appended to `log_path`; returns its PID.
 
     A new session (setsid) has no controlling terminal, so closing the terminal or dropping the
     ssh connection sends it no SIGHUP. That matters for torchrun in particular: it installs its
     own SIGHUP handler that tears the workers down, so `nohup torchrun ...` still dies on an
     ssh drop, while a torchrun started here does not. The child's `run_guard` sees that its
-    stdout is the log and writes each line there once.
+    stdout is the log and writes each line there once. `env`: the child's environment (default: ours).
     """
     log = RunLog(log_path)
     log.write_line(f"detached start: {shlex.join(command)}")
     log.close()
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
     with open(log.path, "ab") as out:
         proc = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,

@@ -1,0 +1,173 @@
+"""`vitpose train`: train ViTPose on COCO keypoints (top-down, 256x192) -- or on a synthetic set with --demo.
+
+    vitpose train --amp                                     # ViTPose-S, classic decoder, COCO
+    vitpose train --config vitpose-b_coco_256x192 --amp --data-root /data/coco
+    vitpose train --demo                                    # synthetic set, small ViT, CPU-friendly
+    vitpose train --resume auto                             # continue from the newest valid checkpoint
+    torchrun --nproc_per_node 8 -m vitpose train --amp      # several GPUs (NCCL) or processes (gloo)
+    vitpose train --detach --nproc-per-node 8 --amp         # the same, surviving a closed terminal
+
+The recipe is MMPose's ViTPose recipe (docs/recipe.md): AdamW with layer-wise LR decay, linear warmup
+over 500 iterations, x0.1 after epochs 170 and 200, gradient clipping at 1.0, MSE heatmap loss on
+UDP targets. `train()` below is the whole run; setup and the epoch end are
+`vitpose.engine.session`, one epoch `vitpose.engine.trainer.train_one_epoch`.
+
+Stopping: SIGTERM or Ctrl-C finishes the current step, saves WORK_DIR/last.pth and exits with
+status 0; `--resume auto` then continues exactly (bit-identical on CPU) where it stopped. SIGHUP is
+ignored. A non-finite loss skips its step; `train.max_nonfinite` in a row save and exit with status 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import vitpose
+from vitpose.config import Config, find_config, load_config
+from vitpose.engine import distributed as D
+from vitpose.engine import runtime, session, trainer
+from vitpose.engine.trainer import EpochEnd
+from vitpose.engine.workdir import check_fresh_start
+
+DEFAULT_CONFIG = "vitpose-s_coco_256x192"  # shipped configs, found by name (vitpose.config.find_config)
+DEMO_CONFIG = "demo"
+EXIT_OK, EXIT_USAGE, EXIT_NONFINITE = 0, 2, 3
+
+EPILOG = """\
+The flags above override the config file; --set overrides any config field, e.g.
+  --set optim.lr=1e-3 --set train.val_every=5 --set model.drop_path_rate=0.2
+Unknown keys fail before any work starts, naming the closest valid key.
+
+Detaching: --detach restarts this command in its own session (setsid), stdin closed,
+output appended to WORK_DIR/train.log, and prints the PID. With --nproc-per-node N it
+starts torchrun the same way. Use this rather than `nohup torchrun ...`: torchrun
+installs its own SIGHUP handler that stops the workers, so nohup does not protect it
+from an ssh drop, while a new session never receives that SIGHUP."""
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("train", help="train a model (COCO, another dataset, or the synthetic demo)",
+                              description=__doc__.split("\n\n")[0], epilog=EPILOG,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=None, metavar="FILE|NAME",
+                   help=f"YAML config or a shipped config's name (default {DEFAULT_CONFIG}; {DEMO_CONFIG} with --demo)")
+    p.add_argument("--demo", action="store_true",
+                   help="train a small ViT on a synthetic COCO-layout set (written once to work_dirs/demo/synthetic_coco); minutes on a CPU")
+    p.add_argument("--amp", action="store_true",
+                   help="mixed precision: fp16 autocast + GradScaler on CUDA, bf16 autocast on CPU")
+    p.add_argument("--amp-dtype", choices=["float16", "bfloat16"], default=None,
+                   help="autocast dtype with --amp (bfloat16 needs no scaler)")
+    p.add_argument("--batch-size", type=int, default=None, help="per-process batch size (loader.batch_size)")
+    p.add_argument("--workers", type=int, default=None, help="loader worker processes (loader.num_workers)")
+    p.add_argument("--epochs", type=int, default=None, help="schedule.epochs")
+    p.add_argument("--data-root", default=None, help="COCO root holding annotations/, train2017/, val2017/")
+    p.add_argument("--work-dir", default=None, help="checkpoints, logs and the resolved config go here")
+    p.add_argument("--resume", default=None, metavar="auto|PATH",
+                   help="auto: the valid checkpoint in the work dir that records the most progress (fresh "
+                        "start if none); or a file")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start from scratch in a work dir that holds an earlier run's checkpoints (overwriting them)")
+    p.add_argument("--seed", type=int, default=None, help="train.seed")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--detach", action="store_true",
+                   help="run in the background in a new session; output to WORK_DIR/train.log")
+    p.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
+                   help="start N processes through torchrun (with --detach: detached torchrun)")
+    p.set_defaults(run=run)
+    return p
+
+
+def flag_overrides(args) -> list[str]:
+    """The command-line flags as `--set` entries, applied after the config file and --set."""
+    pairs = [("train.amp", True if args.amp else None), ("train.amp_dtype", args.amp_dtype),
+             ("loader.batch_size", args.batch_size), ("loader.num_workers", args.workers),
+             ("schedule.epochs", args.epochs), ("data.root", args.data_root),
+             ("train.work_dir", args.work_dir), ("train.seed", args.seed), ("train.device", args.device),
+             ("train.compile", True if args.compile else None)]
+    return [f"{key}={json.dumps(value)}" for key, value in pairs if value is not None]
+
+
+def run(args) -> int:
+    """`vitpose train`: the config (file, then --set, then flags), the work-dir check, then the run
+    here, detached, or under torchrun. User errors raise (one line from the command's handler)."""
+    config_path = find_config(args.config or (DEMO_CONFIG if args.demo else DEFAULT_CONFIG))
+    cfg = load_config(config_path, args.overrides + flag_overrides(args))
+    check_fresh_start(Path(cfg.train.work_dir), args.resume, args.overwrite)  # before detaching: on the terminal
+    if args.detach or args.nproc_per_node:
+        return relaunch(args, Path(cfg.train.work_dir))
+    # Missing COCO is the most common first failure: say so before any process group or worker starts.
+    missing = session.missing_data_files(cfg) if cfg.data.synthetic_train_images == 0 else {}
+    if missing:
+        if session.is_main_process():
+            print(session.missing_data_message(cfg, missing, config_path), file=sys.stderr)
+        return EXIT_USAGE
+    with runtime.run_guard(Path(cfg.train.work_dir) / "train.log") as stop:
+        return train(cfg, config_path, args.resume, stop, overwrite=args.overwrite)
+
+
+def train(cfg: Config, config_path, resume: str | None, stop: runtime.StopFlag, overwrite: bool = False) -> int:
+    """One training run with a resolved config; returns the exit status.
+
+    Every resource the run opens (work-dir lock, process group, worker pool, telemetry files) is
+    registered with one ExitStack, so it is released on every exit: a normal end, a stop,
+    divergence or an exception.
+    """
+    with contextlib.ExitStack() as closing:
+        job = session.set_up(cfg, config_path, resume, overwrite, stop, closing)
+        state, telemetry, last = job.state, job.telemetry, job.work_dir / "last.pth"
+        while True:
+            if state.epoch_end_pending:  # just trained, or resumed from a stop on an epoch's last step
+                session.finish_epoch(job)
+                if D.any_rank([stop.requested], job.ctx)[0] and state.epoch < cfg.schedule.epochs:
+                    telemetry.message(f"stopped by {stop.signal_name or 'a signal on another rank'} after epoch "
+                                      f"{state.epoch}; saved {last}. Continue with --resume auto.")
+                    return EXIT_OK
+            if state.epoch >= cfg.schedule.epochs:
+                break
+            end = trainer.train_one_epoch(job.train_run, job.loaders.train(state.epoch, start_batch=state.batch),
+                                          state.epoch, cfg, job.batches_per_epoch, job.watch,
+                                          save_last=functools.partial(session.save, job, "last.pth"))
+            if end is EpochEnd.DIVERGED:
+                session.save(job, "last.pth")
+                telemetry.message(
+                    f"stopping: {state.nonfinite_in_row} non-finite losses in a row (train.max_nonfinite). "
+                    f"The weights are unchanged since the last finite step and saved in {last}. "
+                    f"Lower optim.lr, keep optim.clip_grad, or try --amp-dtype bfloat16 / no --amp.")
+                return EXIT_NONFINITE
+            if state.epoch_end_pending:
+                D.sync_buffers(job.train_run.model, job.ctx)  # BN statistics agree across ranks before anything is saved
+            session.save(job, "last.pth")  # the resume point, before validation can take long or fail
+            if end is EpochEnd.STOPPED:
+                reason = stop.signal_name or ("train.stop_at_iteration" if not stop.requested else "a signal")
+                telemetry.message(f"stopped by {reason} at epoch {state.epoch}, batch {state.batch}, iteration "
+                                  f"{state.iteration}; saved {last}. Continue with --resume auto.")
+                return EXIT_OK
+        telemetry.message(f"done: {state.iteration} iterations; best AP {state.best_ap} at epoch {state.best_epoch}; "
+                          f"checkpoints in {job.work_dir}")
+        return EXIT_OK
+
+
+def relaunch(args, work_dir: Path) -> int:
+    """This command again, without --detach/--nproc-per-node: under torchrun, in a new session, or both."""
+    rest = runtime.strip_flags(args.argv, {"--detach": 0, "--nproc-per-node": 1})
+    command = [sys.executable, "-m", "vitpose", "train", *rest]
+    if args.nproc_per_node:
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.nproc_per_node),
+                   "-m", "vitpose", "train", *rest]
+    # The child imports this same vitpose, wherever the parent found it (a checkout or an install).
+    package_parent = str(Path(vitpose.__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH")) if p))
+    if not args.detach:
+        return subprocess.call(command, env=env)
+    log_path = work_dir / "train.log"
+    pid = runtime.detach(command, log_path, env=env)
+    print(f"detached: PID {pid}; log {log_path.resolve()}\n  follow: tail -f {shlex.quote(str(log_path))}"
+          f"\n  stop (saves a checkpoint first): kill -TERM {pid}")
+    return EXIT_OK
