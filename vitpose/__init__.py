@@ -1,37 +1,42 @@
 """vitpose: ViTPose in plain PyTorch.
 
 The names here are the public API (see README.md). `import vitpose` stays light: each name is
-imported from the module below on first use, so that e.g. the torch-free ONNX runtime path
-(`vitpose.OnnxPredictor`) never loads torch.
+imported from the module below on first use (`lazy_exports`, which the subpackages use too), so
+that e.g. the torch-free ONNX runtime path (`vitpose.OnnxPredictor`) never loads torch.
 """
 
 import importlib
 
 __version__ = "0.1.0"
 
-# public name -> the module that defines it (a subpackage when the name is the module itself)
-_PUBLIC = {
-    "build_model": "vitpose.models",
-    "load_weights": "vitpose.models",
-    "save_weights": "vitpose.models",
-    "flip_test": "vitpose.models",
-    "Predictor": "vitpose.inference.predictor",
-    "OnnxPredictor": "vitpose.inference.onnx",
-    "draw_pose": "vitpose.inference.draw",
-    "codecs": "vitpose.codecs",
-    "data": "vitpose.data",
-    "engine": "vitpose.engine",
-    "evaluation": "vitpose.evaluation",
-    "models": "vitpose.models",
-    "inference": "vitpose.inference",
-    "hub": "vitpose.models.hub",
-    "detect": "vitpose.inference.detect",
-}
-__all__ = list(_PUBLIC)
+
+def lazy_exports(package: str, modules: dict[str, list[str]]):
+    """(`__all__`, module `__getattr__`) for `package`, whose public names live in its modules.
+
+    modules: {module: [names]}; each name is imported from its module on first use. A name that
+    is its module's last part (`vitpose.hub`) is the module itself.
+    """
+    where = {name: module for module, names in modules.items() for name in names}
+
+    def __getattr__(name):
+        if name not in where:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        module = importlib.import_module(where[name])
+        return module if module.__name__.rsplit(".", 1)[-1] == name else getattr(module, name)
+
+    return list(where), __getattr__
 
 
-def __getattr__(name):
-    if name not in _PUBLIC:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = importlib.import_module(_PUBLIC[name])
-    return module if module.__name__.rsplit(".", 1)[-1] == name else getattr(module, name)
+__all__, __getattr__ = lazy_exports(__name__, {
+    "vitpose.models": ["build_model", "load_weights", "save_weights", "flip_test", "models"],
+    "vitpose.inference.predictor": ["Predictor"],
+    "vitpose.inference.onnx": ["OnnxPredictor"],
+    "vitpose.inference.draw": ["draw_pose"],
+    "vitpose.codecs": ["codecs"],
+    "vitpose.data": ["data"],
+    "vitpose.engine": ["engine"],
+    "vitpose.evaluation": ["evaluation"],
+    "vitpose.inference": ["inference"],
+    "vitpose.models.hub": ["hub"],
+    "vitpose.inference.detect": ["detect"],
+})

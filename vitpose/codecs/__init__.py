@@ -1,19 +1,11 @@
 """Keypoint <-> heatmap codecs (numpy, plus a batched torch encode). Knows nothing of models or files."""
 
-import importlib
+from vitpose import lazy_exports
 
-_LOCATIONS = {
-    "UDPHeatmap": "vitpose.codecs.udp",
-    "MSRAHeatmap": "vitpose.codecs.msra",
-    "udp_encode_torch": "vitpose.codecs.udp_torch",
-    "flip_heatmaps": "vitpose.codecs.flip",
-}
-__all__ = [*_LOCATIONS]
-
-
-def __getattr__(name):
-    # Imported on first use so that `import vitpose` stays light and each layer
-    # loads only what it needs.
-    if name in _LOCATIONS:
-        return getattr(importlib.import_module(_LOCATIONS[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# Imported on first use, so that `import vitpose` stays light and each layer loads only what it needs.
+__all__, __getattr__ = lazy_exports(__name__, {
+    "vitpose.codecs.udp": ["UDPHeatmap"],
+    "vitpose.codecs.msra": ["MSRAHeatmap"],
+    "vitpose.codecs.udp_torch": ["udp_encode_torch"],
+    "vitpose.codecs.flip": ["flip_heatmaps"],
+})

@@ -21,8 +21,8 @@ Options:
   is folded into the warp matrix, and large boxes are decoded at 1/2, 1/4 or 1/8 resolution
   (libjpeg DCT scaling) when the crop shrinks them at least that much anyway. Keypoints and
   targets are identical; where it applies (crops that shrink the box >= 2x), pixels differ
-  from MMPose's by 2-5 grey levels on average (tests/test_dataset.py bounds it), for a speed-up
-  that benchmarks/bench_data.py measured at 0-9% on coco-mini (BENCHMARKS.md).
+  from MMPose's (tests/test_dataset.py bounds it), for the speed-up benchmarks/bench_data.py
+  measures (BENCHMARKS.md, "Data pipeline").
 """
 
 import logging

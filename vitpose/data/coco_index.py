@@ -380,20 +380,7 @@ def _read_annotations(data, path: Path, images: _Images, K: int, dropped: dict, 
     kpts = np.zeros((n, K, 3), np.float32)  # MMPose keeps keypoints in float32
     boxes[rows_with_kpts] = _numeric_rows(box_rows, (-1, 4), "bbox", path, record_of)
     kpts[rows_with_kpts] = _numeric_rows(kpt_rows, (-1, K, 3), "keypoints", path, record_of)
-    bad_box = ~np.all(np.isfinite(boxes), axis=1) | (boxes[:, 2] < 0) | (boxes[:, 3] < 0)
-    if np.any(bad_box):
-        j = int(np.flatnonzero(bad_box)[0])
-        raise DataError(f"bbox has a negative or non-finite size: {boxes[j].tolist()}",
-                        file=path, record=f"annotation id {ann_ids[j]}", field="bbox")
-    bad_kpts = ~np.all(np.isfinite(kpts), axis=(1, 2))
-    if np.any(bad_kpts):
-        j = int(np.flatnonzero(bad_kpts)[0])
-        raise DataError("keypoints hold a null, non-finite or too large number", file=path,
-                        record=f"annotation id {ann_ids[j]}", field="keypoints")
-    unique, counts = np.unique(ann_ids, return_counts=True)
-    if np.any(counts > 1):
-        raise DataError("annotation id appears twice", file=path,
-                        record=f"annotation id {unique[np.argmax(counts > 1)]}", field="id")
+    _check_annotation_arrays(boxes, kpts, ann_ids, path)
     img_rows = images.rows(image_ids, path, lambda k: f"annotation id {ann_ids[k]}")
 
     # MMPose: min(1, v) for COCO files; v > 0 for COCO-WholeBody.
@@ -419,6 +406,24 @@ def _read_annotations(data, path: Path, images: _Images, K: int, dropped: dict, 
             "bbox_score": np.ones(len(rows), np.float32),
             "keypoints": np.ascontiguousarray(xy[rows]), "keypoints_visible": np.ascontiguousarray(vis[rows]),
             "category_ids": category_ids[rows]}
+
+
+def _check_annotation_arrays(boxes: np.ndarray, kpts: np.ndarray, ann_ids: np.ndarray, path: Path) -> None:
+    """DataError naming the first record with a bad box or keypoints, or a repeated annotation id."""
+    bad_box = ~np.all(np.isfinite(boxes), axis=1) | (boxes[:, 2] < 0) | (boxes[:, 3] < 0)
+    if np.any(bad_box):
+        j = int(np.flatnonzero(bad_box)[0])
+        raise DataError(f"bbox has a negative or non-finite size: {boxes[j].tolist()}",
+                        file=path, record=f"annotation id {ann_ids[j]}", field="bbox")
+    bad_kpts = ~np.all(np.isfinite(kpts), axis=(1, 2))
+    if np.any(bad_kpts):
+        j = int(np.flatnonzero(bad_kpts)[0])
+        raise DataError("keypoints hold a null, non-finite or too large number", file=path,
+                        record=f"annotation id {ann_ids[j]}", field="keypoints")
+    unique, counts = np.unique(ann_ids, return_counts=True)
+    if np.any(counts > 1):
+        raise DataError("annotation id appears twice", file=path,
+                        record=f"annotation id {unique[np.argmax(counts > 1)]}", field="id")
 
 
 def _read_detections(dets, path: Path, images: _Images, bbox_score_thr: float, dropped: dict) -> dict:

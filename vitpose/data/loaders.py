@@ -3,7 +3,7 @@
 Why one pool: the usual setup is a persistent training DataLoader plus a second DataLoader for
 validation. At the first validation the training workers stay alive (they are persistent) while
 the validation loader starts as many again, so host memory doubles exactly when a long run
-reaches its first checkpoint, and it can die there (issue #6: 32 + 32 workers).
+reaches its first checkpoint, and it can die there (32 + 32 workers on a 64-core host).
 
 Design (kept small on purpose):
 
@@ -319,7 +319,7 @@ class _Phase:
         return len(self._keys)
 
     def __iter__(self):
-        return self._loaders._run(self._keys)
+        return self._loaders.batches(self._keys)
 
 
 class Loaders:
@@ -426,7 +426,8 @@ class Loaders:
         """This rank's validation batches, in dataset order (each sample carries its `index`)."""
         return _Phase(self, self._val_keys())
 
-    def _run(self, keys):
+    def batches(self, keys):
+        """The batches of `keys` (one list of (source, index, epoch) per batch) from the worker pool."""
         if self._closed:
             raise RuntimeError("the loaders were closed")
         self._phase_id += 1

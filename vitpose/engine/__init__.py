@@ -1,24 +1,12 @@
 """Training and evaluation loops, the recipe (optimizer groups, schedule) and run plumbing."""
 
-import importlib
+from vitpose import lazy_exports
 
-_LOCATIONS = {
-    "param_groups": "vitpose.engine.optim",
-    "mmpose_name": "vitpose.engine.optim",
-    "load_config": "vitpose.config",
-    "Config": "vitpose.config",
-    "ConfigError": "vitpose.config",
-    "predict": "vitpose.engine.evaluate",
-    "evaluate_model": "vitpose.engine.evaluate",
-    "Telemetry": "vitpose.engine.telemetry",
-    "init_distributed": "vitpose.engine.distributed",
-}
-__all__ = [*_LOCATIONS]
-
-
-def __getattr__(name):
-    # Imported on first use so that `import vitpose` stays light and each layer
-    # loads only what it needs.
-    if name in _LOCATIONS:
-        return getattr(importlib.import_module(_LOCATIONS[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# Imported on first use, so that `import vitpose` stays light and each layer loads only what it needs.
+__all__, __getattr__ = lazy_exports(__name__, {
+    "vitpose.engine.optim": ["param_groups", "mmpose_name"],
+    "vitpose.config": ["load_config", "Config", "ConfigError"],
+    "vitpose.engine.evaluate": ["predict", "evaluate_model"],
+    "vitpose.engine.telemetry": ["Telemetry"],
+    "vitpose.engine.distributed": ["init_distributed"],
+})

@@ -10,7 +10,7 @@ import re
 import torch
 
 from vitpose.engine.schedule import LRSchedule
-from vitpose.models.checkpoint import strip_wrapper_prefixes, unwrap_model
+from vitpose.models.checkpoint import MMPOSE1X_NAMES, rename_rules, strip_wrapper_prefixes, unwrap_model
 
 # docs/model.md §1.1: layer_decay_rate of each size's config.
 LAYER_DECAY = {"vitpose-s": 0.8, "vitpose-b": 0.75, "vitpose-l": 0.8, "vitpose-h": 0.85}
@@ -18,16 +18,8 @@ LAYER_DECAY = {"vitpose-s": 0.8, "vitpose-b": 0.75, "vitpose-l": 0.8, "vitpose-h
 _BLOCK = re.compile(r"^(?:backbone\.)?blocks\.(\d+)\.")
 _STEM = re.compile(r"^(?:backbone\.)?(pos_embed|patch_embed\.|cls_token|mask_token)")
 
-# own name -> MMPose 1.x name (the inverse of checkpoint.MMPOSE1X_BACKBONE)
-_TO_MMPOSE = [
-    (r"^backbone\.patch_embed\.proj\.", "backbone.patch_embed.projection."),
-    (r"^backbone\.blocks\.(\d+)\.norm1\.", r"backbone.layers.\1.ln1."),
-    (r"^backbone\.blocks\.(\d+)\.norm2\.", r"backbone.layers.\1.ln2."),
-    (r"^backbone\.blocks\.(\d+)\.mlp\.fc1\.", r"backbone.layers.\1.ffn.layers.0.0."),
-    (r"^backbone\.blocks\.(\d+)\.mlp\.fc2\.", r"backbone.layers.\1.ffn.layers.1."),
-    (r"^backbone\.blocks\.(\d+)\.attn\.", r"backbone.layers.\1.attn."),
-    (r"^backbone\.norm\.", "backbone.ln1."),
-]
+# own name -> MMPose 1.x name: the loader's table, the other way round
+_TO_MMPOSE = rename_rules(MMPOSE1X_NAMES, prefix="backbone.", reverse=True)
 
 
 def mmpose_name(name):

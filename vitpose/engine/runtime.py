@@ -48,7 +48,8 @@ class StopFlag:
     def request(self, name: str = "request") -> None:
         self.signal_name = name
 
-    def _handler(self, signum, frame):
+    def handle_signal(self, signum, frame):
+        """The SIGTERM/SIGINT handler (installed by `install_signal_handlers`)."""
         name = signal.Signals(signum).name
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt  # a second Ctrl-C: the user does not want to wait
@@ -62,8 +63,8 @@ def install_signal_handlers() -> StopFlag:
     flag = StopFlag()
     if hasattr(signal, "SIGHUP"):
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, flag._handler)
-    signal.signal(signal.SIGINT, flag._handler)
+    signal.signal(signal.SIGTERM, flag.handle_signal)
+    signal.signal(signal.SIGINT, flag.handle_signal)
     return flag
 
 
@@ -200,7 +201,7 @@ class RunLog:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 (closed in close())
+        self.file = open(self.path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 (closed in close())
         self._at_line_start = True
         self._held: list[str] = []  # whole lines that arrived in the middle of another line
 
@@ -209,8 +210,8 @@ class RunLog:
             if not piece:
                 continue
             if self._at_line_start and piece != "\n":
-                self._file.write(datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S  "))
-            self._file.write(piece)
+                self.file.write(datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S  "))
+            self.file.write(piece)
             self._at_line_start = piece.endswith("\n")
             if self._at_line_start and self._held:
                 held, self._held = self._held, []
@@ -225,19 +226,19 @@ class RunLog:
             self._held.append(text + "\n")
 
     def flush(self) -> None:
-        self._file.flush()
+        self.file.flush()
 
     def fileno(self) -> int:
-        return self._file.fileno()
+        return self.file.fileno()
 
     def close(self) -> None:
         if not self._at_line_start:
             self.write("\n")
-        self._file.close()
+        self.file.close()
 
     @property
     def closed(self) -> bool:
-        return self._file.closed
+        return self.file.closed
 
 
 class _Tee:
@@ -290,7 +291,7 @@ class _Tee:
     def __getattr__(self, name):  # anything else (newlines, buffer, ...) from the stream in use
         if name.startswith("__") or name in ("terminal", "log", "owner"):  # e.g. during copy/pickle
             raise AttributeError(name)
-        stream = self.terminal.stream if self.terminal is not None and self.terminal.alive else self.log._file
+        stream = self.terminal.stream if self.terminal is not None and self.terminal.alive else self.log.file
         return getattr(stream, name)
 
 

@@ -1,8 +1,9 @@
 """One epoch of training, the pieces of one iteration, and the run's resumable state.
 
-`train.py` keeps the run (setup, the epoch loop, validation, checkpoint decisions) and calls
-`train_one_epoch`, which reads top to bottom: for each batch `prepare_batch` (uint8 crops ->
-normalised float on the device, heatmap targets encoded on the device), `forward_backward`
+`vitpose.cli.train.train` keeps the run (the epoch loop and the checkpoint decisions; setup and
+validation are `vitpose.engine.session`) and calls `train_one_epoch`, which reads top to bottom:
+for each batch `prepare_batch` (uint8 crops -> normalised float on the device, heatmap targets
+encoded on the device), `forward_backward`
 (autocast forward, fp32 loss, scaled backward), and after the last micro-batch of an optimizer
 step `optimizer_step` (unscale, clip, step, with non-finite handling), telemetry, and the checks
 for a stop request. `TrainState` / `checkpoint_payload` / `restore_checkpoint` make resume exact.
@@ -199,23 +200,14 @@ def train_one_epoch(run: TrainRun, batches: Iterable[dict], epoch: int, cfg, bat
         nonfinite, stop_now = D.any_rank([not is_finite(loss_mean), stop.requested], ctx)
         grad_norm, _ = optimizer_step(run.model, run.optimizer, run.precision, cfg.optim.clip_grad,
                                       loss_finite=not nonfinite)
-        if telemetry.step(state.iteration, epoch, loss_mean, run.optimizer.param_groups[-1]["lr"], samples,
-                          time.perf_counter() - t0, data_time, extra={"grad_norm": grad_norm}):
-            reading = watch.gpu.read()  # {} on CPU
-            telemetry.report(reading)
-            watch.thermal.check(reading)  # every rank, its own GPU; pauses while it is too hot
+        report_step(watch, state.iteration, epoch, loss_mean, run.optimizer.param_groups[-1]["lr"], samples,
+                    time.perf_counter() - t0, data_time, grad_norm)
         state.iteration += 1
         micro, loss_sum, samples, data_time = 0, 0.0, 0, 0.0
 
         # ---- non-finite losses: skip the step; too many in a row end the run
-        if nonfinite:
-            state.nonfinite_in_row += 1
-            telemetry.message(f"non-finite loss at iteration {state.iteration - 1} (epoch {epoch}, "
-                              f"batch {state.batch - 1}): step skipped ({state.nonfinite_in_row} in a row)")
-            if state.nonfinite_in_row >= cfg.train.max_nonfinite:
-                return EpochEnd.DIVERGED
-        else:
-            state.nonfinite_in_row = 0
+        if count_nonfinite(state, nonfinite, epoch, telemetry) >= cfg.train.max_nonfinite:
+            return EpochEnd.DIVERGED
 
         # ---- a stop request, or the configured last iteration
         stop_at = cfg.train.stop_at_iteration
@@ -236,6 +228,27 @@ def train_one_epoch(run: TrainRun, batches: Iterable[dict], epoch: int, cfg, bat
                           f"worker); the files are named in the warnings above")
     state.epoch, state.batch, state.epoch_end_pending = epoch + 1, 0, True
     return EpochEnd.COMPLETED
+
+
+def report_step(watch: RunWatch, iteration: int, epoch: int, loss, lr: float, samples: int, seconds: float,
+                data_time: float, grad_norm) -> None:
+    """One optimizer step to telemetry; at its report points also a GPU reading, which the thermal
+    guard checks (every rank, its own GPU; it pauses while the GPU is too hot)."""
+    if watch.telemetry.step(iteration, epoch, loss, lr, samples, seconds, data_time, extra={"grad_norm": grad_norm}):
+        reading = watch.gpu.read()  # {} on CPU
+        watch.telemetry.report(reading)
+        watch.thermal.check(reading)
+
+
+def count_nonfinite(state: TrainState, nonfinite: bool, epoch: int, telemetry: Telemetry) -> int:
+    """The non-finite losses in a row after this step (whose update was skipped when non-finite)."""
+    if not nonfinite:
+        state.nonfinite_in_row = 0
+        return 0
+    state.nonfinite_in_row += 1
+    telemetry.message(f"non-finite loss at iteration {state.iteration - 1} (epoch {epoch}, "
+                      f"batch {state.batch - 1}): step skipped ({state.nonfinite_in_row} in a row)")
+    return state.nonfinite_in_row
 
 
 # ---------------------------------------------------------------------------------------------

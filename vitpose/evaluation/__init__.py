@@ -1,22 +1,13 @@
 """Keypoint evaluation as MMPose computes it: COCO-style AP (CocoMetric, with any skeleton's sigmas),
 COCO-WholeBody AP per part (CocoWholeBodyMetric) and MPII PCKh (MpiiPCKAccuracy)."""
 
-import importlib
+from vitpose import lazy_exports
 
-_LOCATIONS = {
-    "CocoEvaluator": "vitpose.evaluation.coco_evaluator",
-    "WholeBodyEvaluator": "vitpose.evaluation.wholebody",
-    "PCKhEvaluator": "vitpose.evaluation.pckh",
-    "read_mat_arrays": "vitpose.evaluation.matfile",
-    "oks_nms": "vitpose.evaluation.nms",
-    "soft_oks_nms": "vitpose.evaluation.nms",
-}
-__all__ = [*_LOCATIONS]
-
-
-def __getattr__(name):
-    # Imported on first use so that `import vitpose` stays light and each layer
-    # loads only what it needs.
-    if name in _LOCATIONS:
-        return getattr(importlib.import_module(_LOCATIONS[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# Imported on first use, so that `import vitpose` stays light and each layer loads only what it needs.
+__all__, __getattr__ = lazy_exports(__name__, {
+    "vitpose.evaluation.coco_evaluator": ["CocoEvaluator"],
+    "vitpose.evaluation.wholebody": ["WholeBodyEvaluator"],
+    "vitpose.evaluation.pckh": ["PCKhEvaluator"],
+    "vitpose.evaluation.matfile": ["read_mat_arrays"],
+    "vitpose.evaluation.nms": ["oks_nms", "soft_oks_nms"],
+})

@@ -1,25 +1,11 @@
 """ViT backbone, heatmap heads, the ViTPose model and checkpoint interop."""
 
-import importlib
+from vitpose import lazy_exports
 
-_LOCATIONS = {
-    "VisionTransformer": "vitpose.models.vit",
-    "ClassicHead": "vitpose.models.heads",
-    "SimpleHead": "vitpose.models.heads",
-    "ViTPose": "vitpose.models.vitpose",
-    "build_model": "vitpose.models.vitpose",
-    "flip_test": "vitpose.models.vitpose",
-    "MODEL_SIZES": "vitpose.models.vitpose",
-    "load_weights": "vitpose.models.checkpoint",
-    "save_weights": "vitpose.models.checkpoint",
-    "convert_state_dict": "vitpose.models.checkpoint",
-}
-__all__ = [*_LOCATIONS]
-
-
-def __getattr__(name):
-    # Imported on first use so that `import vitpose` stays light and each layer
-    # loads only what it needs.
-    if name in _LOCATIONS:
-        return getattr(importlib.import_module(_LOCATIONS[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# Imported on first use, so that `import vitpose` stays light and each layer loads only what it needs.
+__all__, __getattr__ = lazy_exports(__name__, {
+    "vitpose.models.vit": ["VisionTransformer"],
+    "vitpose.models.heads": ["ClassicHead", "SimpleHead"],
+    "vitpose.models.vitpose": ["ViTPose", "build_model", "flip_test", "MODEL_SIZES"],
+    "vitpose.models.checkpoint": ["load_weights", "save_weights", "convert_state_dict"],
+})

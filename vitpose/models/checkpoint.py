@@ -70,16 +70,33 @@ def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
             return model
 
 
-# Backbone renames, applied to names without the `backbone.` prefix, first match wins.
-MMPOSE1X_BACKBONE = [
-    (r"^patch_embed\.projection\.", "patch_embed.proj."),
-    (r"^layers\.(\d+)\.ln1\.", r"blocks.\1.norm1."),
-    (r"^layers\.(\d+)\.ln2\.", r"blocks.\1.norm2."),
-    (r"^layers\.(\d+)\.ffn\.layers\.0\.0\.", r"blocks.\1.mlp.fc1."),
-    (r"^layers\.(\d+)\.ffn\.layers\.1\.", r"blocks.\1.mlp.fc2."),
-    (r"^layers\.(\d+)\.attn\.", r"blocks.\1.attn."),
-    (r"^ln1\.", "norm."),
+# The one table of MMPose 1.x backbone names -> this project's, without the `backbone.` prefix
+# (`{i}`: the block index). Loading MMPose files renames one way, `engine.optim.mmpose_name` the other.
+MMPOSE1X_NAMES = [
+    ("patch_embed.projection.", "patch_embed.proj."),
+    ("layers.{i}.ln1.", "blocks.{i}.norm1."),
+    ("layers.{i}.ln2.", "blocks.{i}.norm2."),
+    ("layers.{i}.ffn.layers.0.0.", "blocks.{i}.mlp.fc1."),
+    ("layers.{i}.ffn.layers.1.", "blocks.{i}.mlp.fc2."),
+    ("layers.{i}.attn.", "blocks.{i}.attn."),
+    ("ln1.", "norm."),
 ]
+
+
+def rename_rules(names, prefix: str = "", reverse: bool = False) -> list[tuple[str, str]]:
+    """(regex, replacement) rules, first match wins, from (from, to) name prefixes with `{i}`;
+    `reverse` renames to -> from; `prefix` is put before both sides."""
+    rules = []
+    for source, target in names:
+        if reverse:
+            source, target = target, source
+        pattern = "^" + re.escape(prefix + source).replace(re.escape("{i}"), r"(\d+)")
+        rules.append((pattern, (prefix + target).replace("{i}", r"\1")))
+    return rules
+
+
+# Backbone renames, applied to names without the `backbone.` prefix, first match wins.
+MMPOSE1X_BACKBONE = rename_rules(MMPOSE1X_NAMES)
 OFFICIAL_BACKBONE = [(r"^last_norm\.", "norm.")]
 HF_BACKBONE = [
     (r"^embeddings\.patch_embeddings\.projection\.", "patch_embed.proj."),

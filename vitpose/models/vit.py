@@ -110,7 +110,7 @@ class VisionTransformer(nn.Module):
     """ViTPose backbone. `forward(x)` -> (N, embed_dim, H/16, W/16), after the final LayerNorm.
 
     Inputs of another size than `img_size` work: the position embedding is resized bicubically.
-    `grad_checkpointing=True` recomputes each block in backward (less memory, ~30% more time).
+    `grad_checkpointing=True` recomputes each block in backward (less memory; each block's forward runs twice).
     """
 
     def __init__(
