@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from vitpose.codecs.udp import UDPHeatmap
-from vitpose.config import Config, ConfigError, DataConfig, ModelConfig
+from vitpose.config import Config, ConfigError, DataConfig, ModelConfig, shipped_config_dir
 from vitpose.data.coco import CocoKeypoints
 from vitpose.data.errors import DataError
 from vitpose.data.metainfo import BUILTIN_NAMES, DatasetInfo, dataset_info
@@ -46,12 +46,16 @@ def photometric_transforms(data_cfg: DataConfig):
 def dataset_info_path(cfg: Config, root: str | Path | None = None) -> str | Path:
     """`data.dataset_info` as `vitpose.data.dataset_info` takes it: a built-in name as it is; a
     relative path under `data.root` when the file is there (like the annotation paths), else as
-    given (relative to the working directory, e.g. a skeleton YAML next to the config)."""
+    given (relative to the working directory, e.g. a skeleton YAML next to the config); a shipped
+    skeleton (`configs/NAME.yaml`) is found in an installed package too."""
     value = cfg.data.dataset_info
     if value in BUILTIN_NAMES or Path(value).is_absolute() or Path(value).suffix.lower() not in SKELETON_SUFFIXES:
         return value  # a name (an unknown one fails in dataset_info, listing the built-ins)
     under_root = Path(cfg.data.root if root is None else root) / value
-    return under_root if under_root.is_file() or not Path(value).is_file() else Path(value)
+    if under_root.is_file() or Path(value).is_file():
+        return under_root if under_root.is_file() else Path(value)
+    shipped = shipped_config_dir() / Path(value).name  # configs/demo_k5_skeleton.yaml after `pip install`
+    return shipped if Path(value).parent.name == "configs" and shipped.is_file() else under_root
 
 
 def build_dataset_info(cfg: Config, root: str | Path | None = None) -> DatasetInfo:

@@ -288,8 +288,9 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> list[tuple[str, dict,
         raise ConfigError(f"{path}: expected a mapping of sections at the top level")
     layers = []
     base = data.pop("base", None)
-    if base is not None:
-        layers += _read_yaml(path.parent / base, seen + (path,))
+    if base is not None:  # relative to this file, else a shipped config's name
+        base_path = path.parent / base
+        layers += _read_yaml(base_path if base_path.is_file() else find_config(base), seen + (path,))
     for section, body in data.items():
         if body is None:
             continue
