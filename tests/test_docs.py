@@ -158,3 +158,85 @@ def test_every_page_is_listed_in_the_index_and_numbers_are_unique():
         numbers = HEADING.findall(text)
         duplicates = sorted({n for n in numbers if numbers.count(n) > 1})
         assert not duplicates, f"docs/{page.name}: headings numbered {duplicates} more than once"
+
+
+# ----------------------------------------------------------------------------------------------
+# The commands the README shows
+
+
+README_SCRIPTS = ("train.py", "evaluate.py")
+
+
+def readme_commands(markdown):
+    """(line number, argv) of every `vitpose ...`, `python -m vitpose ...`, `python train.py ...`,
+    `python evaluate.py ...` and `torchrun ... -m vitpose ...` command in a page: the lines of its
+    ```bash blocks (continuation lines joined, `&&` split, comments dropped) and its inline code."""
+    import shlex
+
+    found = []
+    in_block, pending, start = False, "", 0
+    for number, line in enumerate(markdown.splitlines(), 1):
+        if line.startswith("```"):
+            in_block = line.strip() == "```bash"
+            continue
+        if not in_block:
+            spans = re.findall(r"`(vitpose [^`]+|python (?:train|evaluate)\.py[^`]*)`", line)
+            found += [(number, span) for span in spans if len(span.split()) > 2]  # `vitpose tune` alone is a name
+            continue
+        pending, start = (pending + " " + line.rstrip("\\").strip(), start or number)
+        if line.rstrip().endswith("\\"):
+            continue
+        found += [(start, part) for part in pending.split(" && ")]
+        pending, start = "", 0
+    commands = []
+    for number, text in found:
+        argv = shlex.split(text, comments=True)
+        if argv[:3] == ["python", "-m", "vitpose"]:
+            commands.append((number, ["vitpose", *argv[3:]]))
+        elif argv[:1] == ["vitpose"] or (argv[:1] == ["python"] and argv[1:2] and argv[1] in README_SCRIPTS):
+            commands.append((number, argv[1:] if argv[0] == "python" else argv))
+        elif argv[:1] == ["torchrun"]:
+            rest = argv[argv.index("-m") + 1:] if "-m" in argv else argv[next(i for i, a in enumerate(argv) if a.endswith(".py")):]
+            commands.append((number, rest))
+    return commands
+
+
+def test_readme_commands_are_found():
+    page = "```bash\nvitpose train --demo   # c\npython train.py \\\n  --epochs 2\npip install . && vitpose plot w\n```\n" \
+           "Run `vitpose evaluate --checkpoint x.pth` or `python evaluate.py --gt-boxes`.\n"
+    assert readme_commands(page) == [
+        (2, ["vitpose", "train", "--demo"]), (3, ["train.py", "--epochs", "2"]), (5, ["vitpose", "plot", "w"]),
+        (7, ["vitpose", "evaluate", "--checkpoint", "x.pth"]), (7, ["evaluate.py", "--gt-boxes"])]
+
+
+def test_the_readme_commands_parse_with_the_real_parsers(capsys):
+    """Each command the README shows parses with the parser the command really uses, and each
+    shipped config it names (by name or under configs/) exists."""
+    import sys
+
+    sys.path.insert(0, str(REPO))
+    import evaluate
+    import train
+    from vitpose.cli import build_parser
+    from vitpose.config import ConfigError, find_config
+
+    parse = {"vitpose": lambda argv: build_parser().parse_args(argv), "train.py": train.parse_args,
+             "evaluate.py": evaluate.parse_args}
+    commands = readme_commands((REPO / "README.md").read_text(encoding="utf-8"))
+    assert len([c for c in commands if c[1][0] == "vitpose"]) >= 20, "the README shows few vitpose commands"
+    problems = []
+    for number, argv in commands:
+        if "--help" in argv or "COMMAND" in argv:
+            continue
+        try:
+            args = parse[argv[0]](argv[1:])
+        except SystemExit:
+            problems.append(f"README.md:{number}: {' '.join(argv)}: {capsys.readouterr().err.strip().splitlines()[-1]}")
+            continue
+        config = getattr(args, "config", None)
+        if config and (str(config).startswith("configs/") or "." not in str(config)) and config != "CFG":
+            try:
+                find_config(config)
+            except ConfigError as e:
+                problems.append(f"README.md:{number}: {e}")
+    assert not problems, "README commands that do not parse:\n" + "\n".join(problems)
