@@ -106,3 +106,25 @@ def test_the_checker_sees_an_upward_import(tmp_path):
     table = layer_table()
     assert table[unit_of("vitpose.data.probe", table)] < table[unit_of(names[0], table)]
     assert "vitpose.engine" in names and "vitpose.engine.trainer" in names and "vitpose.inference.predictor" in names
+
+
+def test_the_module_map_names_every_module():
+    """ARCHITECTURE.md's module map has a `### \\`vitpose.pkg\\`` section per package that names
+    each of its files (`name.py`), so a new module cannot go undescribed."""
+    text = (REPO / "ARCHITECTURE.md").read_text()
+    sections = {}
+    for section in re.split(r"^### ", text, flags=re.MULTILINE)[1:]:
+        m = re.match(r"`(vitpose(?:\.\w+)*)`", section)
+        if m:
+            sections[m.group(1)] = section
+    missing = []
+    for path in MODULES:
+        package = module_name(path.parent) if path.parent != PACKAGE else "vitpose"
+        if f"`{path.name}`" not in sections.get(package, ""):
+            missing.append(f"{path.relative_to(REPO)} (under ### `{package}`)")
+    assert not missing, "modules ARCHITECTURE.md's module map does not describe: " + ", ".join(missing)
+
+
+def test_at_most_eight_modules_sit_directly_in_the_package():
+    flat = sorted(p.name for p in PACKAGE.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    assert len(flat) <= 8, f"{len(flat)} modules directly in vitpose/ (group them): {flat}"
