@@ -1,6 +1,6 @@
 """Pose on whole images with `vitpose.Predictor`, on the synthetic set the demo trains on.
 
-    python train.py --demo                      # first: trains work_dirs/demo/{last,best}.pth
+    vitpose train --demo                        # first: trains work_dirs/demo/{last,best}.pth
     python examples/predict_synthetic.py [--checkpoint work_dirs/demo/best.pth] [--out poses/]
 
 It writes a few fresh synthetic images (a seed the demo never trained on), runs the predictor on
@@ -29,7 +29,7 @@ def main() -> int:
     p.add_argument("--out", default="work_dirs/demo/poses")
     args = p.parse_args()
     if not Path(args.checkpoint).is_file():
-        print(f"checkpoint not found: {args.checkpoint}; run `python train.py --demo` first", file=sys.stderr)
+        print(f"checkpoint not found: {args.checkpoint}; run `vitpose train --demo` first", file=sys.stderr)
         return 2
 
     out = Path(args.out)
