@@ -275,3 +275,38 @@ def test_cli_error_is_one_line_and_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("vitpose import-annotations: error: ") and err.count("\n") == 1
     assert "image 'img_a.jpg' skeleton [0]" in err and not out.exists()
+
+
+def test_predict_format_labelstudio_and_cvat_round_trip(tmp_path, coco_mini_dir, capsys):
+    """`vitpose predict --format labelstudio|cvat` writes the same keypoints as `--format coco`,
+    in a form the import reads back (docs/annotations.md §4, §5)."""
+    import vitpose
+    from test_evaluate import tiny_model, write_config
+
+    weights = tmp_path / "tiny.safetensors"
+    vitpose.save_weights(tiny_model(seed=11), weights)
+    config = write_config(tmp_path, coco_mini_dir)
+    images = tmp_path / "images"
+    images.mkdir()
+    shutil.copy(coco_mini_dir / "000000000785.jpg", images / "000000000785.jpg")  # one image: seconds of CPU
+    base = ["predict", str(images), "--config", str(config), "--model", str(weights), "--detector", "full-frame",
+            "--device", "cpu"]
+    outs = {fmt: tmp_path / f"out_{fmt}.{'xml' if fmt == 'cvat' else 'json'}" for fmt in ("coco", "labelstudio", "cvat")}
+    for fmt, out in outs.items():
+        assert vitpose_main(base + ["--format", fmt, "--json", str(out), "--mark-below", "0.5"]) == 0, \
+            capsys.readouterr().err
+    coco = json.loads(outs["coco"].read_text())
+    want = np.array([r["keypoints"] for r in coco]).reshape(-1, 17, 3)
+    tasks = json.loads(outs["labelstudio"].read_text())
+    exported = [{"id": i, "data": t["data"], "annotations": [{"result": t["predictions"][0]["result"]}]}
+                for i, t in enumerate(tasks)]
+    ls_export = tmp_path / "ls_export.json"
+    ls_export.write_text(json.dumps(exported))
+    for draft, atol in ((read_labelstudio(ls_export, "coco"), 1e-9 * 640), (read_cvat(outs["cvat"]), CVAT_TOL)):
+        back = to_coco(draft)
+        assert [i["file_name"] for i in back["images"]] == ["000000000785.jpg"]
+        assert back["categories"][0]["keypoints"] == list(dataset_info("coco").keypoint_names)
+        got = np.array([a["keypoints"] for a in back["annotations"]]).reshape(-1, 17, 3)
+        np.testing.assert_allclose(got[..., :2], want[..., :2], rtol=0, atol=atol)
+    assert np.array_equal(got[..., 2], np.where(want[..., 2] < 0.5, 1, 2))  # CVAT: marked = occluded
+    assert vitpose_main(base + ["--format", "cvat"]) == 2 and "give --json" in capsys.readouterr().err

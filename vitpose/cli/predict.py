@@ -61,6 +61,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="person boxes from a COCO detection results JSON (image_id, bbox xywh, score)")
     p.add_argument("--out", type=Path, default=None, help="directory for the drawn images (or video)")
     p.add_argument("--json", type=Path, default=None, help="write the COCO keypoint results here")
+    p.add_argument("--format", choices=("coco", "labelstudio", "cvat"), default="coco",
+                   help="--json layout: COCO results, or pre-annotations to correct in Label Studio (tasks with "
+                        "predictions) or CVAT (CVAT for images 1.1 XML); see docs/annotations.md (default: %(default)s)")
+    p.add_argument("--mark-below", type=float, default=0.3,
+                   help="labelstudio/cvat: keypoints scored below this are marked for checking, not dropped "
+                        "(default: %(default)s)")
     p.add_argument("--track", action="store_true", help="video: stable person ids (track_id)")
     p.add_argument("--smooth", action="store_true", help="video: One-Euro filter on the keypoints")
     p.add_argument("--no-flip", action="store_true", help="skip the flip test (about 2x faster)")
@@ -189,6 +195,29 @@ def write_json(records: list[dict], path: Path) -> None:
     os.replace(tmp, path)
 
 
+def write_results(results: list[dict], sizes: dict, args, predictor) -> None:
+    """`--json` in `--format`: COCO results, or pre-annotations (vitpose/data/annotation_formats.py)."""
+    fmt = getattr(args, "format", "coco")
+    if fmt == "coco":
+        write_json(results, args.json)
+        return
+    from vitpose.data import annotation_formats
+    from vitpose.data.metainfo import dataset_info
+
+    skeleton = getattr(predictor, "skeleton", None) or dataset_info("coco")
+    records = [{**r, "width": sizes[r["file_name"]][0], "height": sizes[r["file_name"]][1]} for r in results]
+    if fmt == "labelstudio":
+        text = json.dumps(annotation_formats.to_labelstudio_tasks(records, skeleton.keypoint_names,
+                                                                  mark_below=args.mark_below), indent=1)
+    else:
+        text = annotation_formats.to_cvat_xml(records, skeleton.keypoint_names, skeleton.skeleton,
+                                              mark_below=args.mark_below)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.json.with_name(args.json.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, args.json)
+
+
 def draw(image_bgr: np.ndarray, poses, keypoint_threshold: float) -> np.ndarray:
     """The poses and their boxes drawn on a copy of a BGR image."""
     import cv2
@@ -246,6 +275,10 @@ def _run(args) -> int:
     if args.batch_images < 1 or args.batch_size < 1:
         raise UsageError("--batch-images and --batch-size must be >= 1")
     videos = [s for s in args.source if is_webcam(s) or is_video_file(Path(s).expanduser())]
+    if getattr(args, "format", "coco") != "coco" and args.json is None:
+        raise UsageError(f"--format {args.format} writes pre-annotations to --json FILE; give --json")
+    if videos and getattr(args, "format", "coco") != "coco":
+        raise UsageError(f"--format {args.format} writes pre-annotations of images; a video takes --format coco")
     if videos and len(args.source) > 1:
         raise UsageError(f"a video or webcam ({videos[0]}) must be the only SOURCE")
     paths = [] if videos else list_images([str(Path(s).expanduser()) for s in args.source])
@@ -289,6 +322,7 @@ def predict_images(predictor, paths: list[Path], args, boxes: dict[int, np.ndarr
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
     results, unreadable, people, nobody, done = [], [], 0, 0, 0
+    sizes = {}  # file name -> (width, height), for the pre-annotation formats
     empty = np.zeros((0, 5), np.float32)
     with tqdm(total=len(paths), unit="img", desc="predict", dynamic_ncols=True, file=sys.stderr) as bar:
         for start in range(0, len(paths), args.batch_images):
@@ -310,6 +344,7 @@ def predict_images(predictor, paths: list[Path], args, boxes: dict[int, np.ndarr
                     all_poses = predictor(images, boxes=given, box_format="xywh", channels="bgr")
                 for (path, image_id, name), image, poses in zip(kept, images, all_poses):
                     results += coco_results(poses, image_id, path.name)
+                    sizes[path.name] = (image.shape[1], image.shape[0])
                     people += len(poses)
                     nobody += len(poses) == 0
                     if args.out is not None:
@@ -322,7 +357,7 @@ def predict_images(predictor, paths: list[Path], args, boxes: dict[int, np.ndarr
             bar.update(len(chunk))
     if args.json is not None:
         with timer.stage("write"):
-            write_json(results, args.json)
+            write_results(results, sizes, args, predictor)
     print_summary(timer, done, people, nobody, unreadable, args)
     return EXIT_SKIPPED if unreadable else EXIT_OK
 
