@@ -11,12 +11,18 @@ import shutil
 import cv2
 import numpy as np
 import pytest
-
 from conftest import REPO
+
 from vitpose.cli import check_data
 from vitpose.cli import main as vitpose_main
-from vitpose.data.annotation_formats import (AnnotationFormatError, read_cvat, read_labelstudio, to_coco,
-                                             to_cvat_xml, to_labelstudio_tasks)
+from vitpose.data.annotation_formats import (
+    AnnotationFormatError,
+    read_cvat,
+    read_labelstudio,
+    to_coco,
+    to_cvat_xml,
+    to_labelstudio_tasks,
+)
 from vitpose.data.coco_index import build_coco_index
 from vitpose.data.errors import DataError
 from vitpose.data.metainfo import dataset_info
@@ -280,8 +286,9 @@ def test_cli_error_is_one_line_and_exit_2(tmp_path, capsys):
 def test_predict_format_labelstudio_and_cvat_round_trip(tmp_path, coco_mini_dir, capsys):
     """`vitpose predict --format labelstudio|cvat` writes the same keypoints as `--format coco`,
     in a form the import reads back (docs/annotations.md §4, §5)."""
-    import vitpose
     from test_evaluate import tiny_model, write_config
+
+    import vitpose
 
     weights = tmp_path / "tiny.safetensors"
     vitpose.save_weights(tiny_model(seed=11), weights)

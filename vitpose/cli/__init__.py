@@ -18,7 +18,8 @@ def _standalone():
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from vitpose.cli import import_annotations, predict as predict_cli
+    from vitpose.cli import import_annotations
+    from vitpose.cli import predict as predict_cli
     from vitpose.inference import export
 
     parser = argparse.ArgumentParser(prog="vitpose", description="ViTPose in plain PyTorch.", allow_abbrev=False)

@@ -204,7 +204,16 @@ def write_results(results: list[dict], sizes: dict, args, predictor) -> None:
     from vitpose.data import annotation_formats
     from vitpose.data.metainfo import dataset_info
 
-    skeleton = getattr(predictor, "skeleton", None) or dataset_info("coco")
+    skeleton = getattr(predictor, "skeleton", None)
+    if skeleton is None:  # the keypoint names: the config's skeleton, else COCO's
+        from vitpose.builders import build_dataset_info
+        from vitpose.config import load_config
+
+        skeleton = build_dataset_info(load_config(args.config)) if args.config else dataset_info("coco")
+    K = len(results[0]["keypoints"]) // 3 if results else skeleton.num_keypoints
+    if K != skeleton.num_keypoints:
+        raise UsageError(f"--format {fmt}: the model predicts {K} keypoints but the skeleton {skeleton.name!r} "
+                         f"names {skeleton.num_keypoints}; give the model's training config with --config")
     records = [{**r, "width": sizes[r["file_name"]][0], "height": sizes[r["file_name"]][1]} for r in results]
     if fmt == "labelstudio":
         text = json.dumps(annotation_formats.to_labelstudio_tasks(records, skeleton.keypoint_names,
