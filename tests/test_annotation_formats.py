@@ -228,6 +228,9 @@ def test_labelstudio_unknown_keypoint_name_and_bad_json(tmp_path):
     path.write_text("[{")
     with pytest.raises(AnnotationFormatError, match="not readable JSON"):
         read_labelstudio(path)
+    path.write_text(json.dumps([{"id": 1, "image": "/data/upload/1/a.jpg", "keypoints": []}]))  # JSON-MIN
+    with pytest.raises(AnnotationFormatError, match="no labelled task among 1.*not JSON-MIN"):
+        read_labelstudio(path)
     path.write_text('{"tasks": 3}')
     with pytest.raises(AnnotationFormatError, match="task \\[0\\].*'data'"):
         read_labelstudio(path)
@@ -243,6 +246,7 @@ def _edit_cvat(tmp_path, old, new, name="cvat_images_export.xml", count=1):
 
 @pytest.mark.parametrize("old, new, words", [
     ('points="180.00,80.00"', 'points="180.00;80.00"', ["image 'img_a.jpg' skeleton [0]", "'points'", "nose"]),
+    ('points="180.00,80.00"', 'points="180.00,80.00;1.00,2.00"', ["image 'img_a.jpg' skeleton [0]", "'points'"]),
     ('points="180.00,80.00"', 'points="abc,80.00"', ["image 'img_a.jpg' skeleton [0]", "finite number"]),
     ('name="img_b.jpg" width="320"', 'name="img_b.jpg" width="wide"', ["image id 1", "'width'"]),
     ('name="img_b.jpg"', 'name=""', ["image id 1", "'name'"]),

@@ -152,7 +152,6 @@ def read_labelstudio(path, skeleton=None) -> Draft:
 
         if not isinstance(task, dict):
             fail(f"must be an object, got {type(task).__name__}", "task")
-        image_url = _labelstudio_image_url(task, fail)
         annotations = task.get("annotations") or []
         if not isinstance(annotations, list):
             fail("must be a list", "annotations")
@@ -162,12 +161,17 @@ def read_labelstudio(path, skeleton=None) -> Draft:
             continue
         if len(done) > 1:
             draft.skip("tasks with several annotations (the last one was used)")
+        image_url = _labelstudio_image_url(task, fail)
         result = done[-1].get("result")
         if not isinstance(result, list):
             fail("must be a list of regions", "annotations[-1].result")
         image = _labelstudio_image(result, labelstudio_file_name(image_url), draft, fail)
         if image is not None:
             draft.images.append(image)
+    if not draft.images:
+        raise AnnotationFormatError(f"no labelled task among {len(tasks)} ({draft.skipped or 'none skipped'}); "
+                                    "export the project as 'JSON' (not JSON-MIN) after annotating", file=path,
+                                    field="annotations")
     return _apply_skeleton(draft, skeleton)
 
 
@@ -427,7 +431,8 @@ def _cvat_person(shape, item: DraftImage, draft: Draft, where: str, path: Path, 
         if element.get("outside", "0") == "1":
             person.keypoints[name] = (0.0, 0.0, 0)
             continue
-        xy = (element.get("points") or "").split(";")[0].split(",")
+        pairs = (element.get("points") or "").split(";")
+        xy = pairs[0].split(",") if len(pairs) == 1 else []
 
         def fail(message, field_name, name=name):
             raise AnnotationFormatError(f"point {name!r}: {message}", file=path, record=where, field=field_name)
