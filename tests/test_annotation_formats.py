@@ -321,3 +321,11 @@ def test_predict_format_labelstudio_and_cvat_round_trip(tmp_path, coco_mini_dir,
         np.testing.assert_allclose(got[..., :2], want[..., :2], rtol=0, atol=atol)
     assert np.array_equal(got[..., 2], np.where(want[..., 2] < 0.5, 1, 2))  # CVAT: marked = occluded
     assert vitpose_main(base + ["--format", "cvat"]) == 2 and "give --json" in capsys.readouterr().err
+
+
+def test_writers_name_a_bad_prediction_record():
+    record = {"file_name": "a.jpg", "width": 64, "height": 48, "bbox": [1, 2, 3, 4], "keypoints": [1.0, 2.0, 0.5]}
+    with pytest.raises(AnnotationFormatError, match=r"prediction record \[1\], field 'width'"):
+        to_labelstudio_tasks([record, {k: v for k, v in record.items() if k != "width"}], ["nose"])
+    with pytest.raises(AnnotationFormatError, match=r"must hold 6 numbers.*a.jpg person 0, field 'keypoints'"):
+        to_cvat_xml([record], ["nose", "neck"])
