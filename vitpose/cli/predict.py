@@ -50,7 +50,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("source", nargs="+",
                    help="images and directories of images, or one video file or webcam index (0, 1, ...)")
     p.add_argument("--model", default=DEFAULT_MODEL,
-                   help="a published name (vitpose.models.hub.list_models()) or a weights file (default: %(default)s)")
+                   help="a published name (vitpose.hub.list_models()) or a weights file (default: %(default)s)")
     p.add_argument("--config", default=None, help="training config of the weights (custom models); "
                    "without it the size and decoder are read from the file")
     p.add_argument("--detector", default=None,
