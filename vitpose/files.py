@@ -205,7 +205,7 @@ def check_output(path, flag: str, kind: str = "file", inputs=()) -> Path:
         if given is not None and _same_file(path, as_path(given).expanduser()):
             raise OutputPathError(f"{what} would replace the input {given}; write to another name")
     if kind == "file" and path.is_dir():
-        raise OutputPathError(f"{what} is a folder; {flag} takes a file name (e.g. {path / 'results.json'})")
+        raise OutputPathError(f"{what} is a folder; {flag} takes a file name")
     if kind == "dir" and path.exists() and not path.is_dir():
         raise OutputPathError(f"{what} is a file; {flag} takes a folder (created if missing)")
     above = _nearest_existing(path)

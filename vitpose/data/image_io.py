@@ -87,7 +87,7 @@ def decode_image(buf: np.ndarray, path="<bytes>", record=None, reduce: int = 1,
     try:
         check_pixel_limit(buf, path, max_pixels)
     except ImageTooLargeError as e:
-        raise DataError(str(e), file=path, record=record, field="file_name") from None
+        raise DataError(str(e), record=record) from None  # the message names the file
     if reduce not in _REDUCED_FLAGS:
         raise ValueError(f"reduce must be one of {sorted(_REDUCED_FLAGS)}, got {reduce}")
     if reduce > 1 and not is_jpeg(buf):
