@@ -87,10 +87,10 @@ def resolve_boxes(args, cfg, root: Path) -> Path | None:
 
 def draw_examples(dataset, predictions, out_dir: Path, num_images: int, thr: float = 0.3) -> list[Path]:
     """PNG drawings of every prediction (after NMS) on the first `num_images` images."""
-    import cv2
     import numpy as np
 
     from vitpose.data.image_io import load_image
+    from vitpose.files import write_image
     from vitpose.inference.draw import draw_pose
 
     by_image: dict[int, list[dict]] = {}
@@ -111,7 +111,7 @@ def draw_examples(dataset, predictions, out_dir: Path, num_images: int, thr: flo
         canvas = draw_pose(image, keypoints, scores, thr=thr, channels="bgr", skeleton=skeleton.skeleton,
                            keypoint_colors=skeleton.keypoint_colors, link_colors=skeleton.link_colors)
         path = out_dir / f"{image_id:012d}.png"
-        cv2.imwrite(str(path), canvas)
+        write_image(path, canvas)  # a numpy buffer: any --vis folder name the OS allows
         written.append(path)
     return written
 
