@@ -2,6 +2,7 @@
 
 - item 1: the synthetic set is written only into a folder this project made (its `synthetic.json`
   stamp), never into a user's data.root: one line, and the user's files are byte-identical after;
+- item 3: `--track` / `--smooth` on a video whose first frame (and one in the middle) has nobody;
 - item 4: file, folder and output names that are not UTF-8 (OpenCV's path functions segfault on them);
 - item 7: `vitpose export --out` and `evaluate.py --out` are checked before the work, one line naming the flag;
 - item 12: an image whose header says 30000x20000 is refused before it is decoded, with the limit
@@ -22,6 +23,7 @@ import numpy as np
 import pytest
 from conftest import REPO
 from test_evaluate import load_cli, tiny_model, write_config
+from test_video import FPS, NUM_FRAMES, SIZE, blob_detector, options, predictor, synthetic_frame  # noqa: F401 (a fixture)
 
 import vitpose
 from vitpose import files
@@ -201,6 +203,29 @@ def test_predict_reads_and_draws_into_folders_whose_names_are_not_utf8(tmp_path,
     with open(results, "rb") as f:
         records = json.loads(f.read())
     assert [r["file_name"] for r in records] == [os.fsdecode(NON_UTF8)] and len(records[0]["keypoints"]) == 51
+
+
+# ---- item 3: --track / --smooth on a video with frames without people ---------------------------------------
+
+
+def test_track_and_smooth_a_video_whose_first_frame_has_nobody(predictor, tmp_path):  # noqa: F811 (the fixture)
+    """Failed on the first empty frame (`cannot reshape array of size 0`), losing the whole video."""
+    from vitpose.inference.video import run_video
+
+    empty = (0, 5)
+    path = tmp_path / "gaps.mp4"
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), FPS, SIZE)
+    for f in range(NUM_FRAMES):
+        writer.write(np.full((SIZE[1], SIZE[0], 3), 30, np.uint8) if f in empty else synthetic_frame(f))
+    writer.release()
+    summary = run_video(predictor, str(path), options(tmp_path, track=True, smooth=True), detector=blob_detector)
+    assert summary.frames_done == NUM_FRAMES and summary.people == 2 * (NUM_FRAMES - len(empty))
+    records = json.loads((tmp_path / "poses.json").read_text())
+    frames = [f for f in range(NUM_FRAMES) if f not in empty]
+    assert [r["frame"] for r in records] == [f for f in frames for _ in range(2)]
+    # the top figure (walking right) keeps id 0 and the bottom one id 1, across the empty frame 5
+    assert [r["track_id"] for r in records] == [0, 1] * len(frames)
+    assert all(r["bbox"][1] < 100 for r in records[::2]) and all(r["bbox"][1] > 100 for r in records[1::2])
 
 
 # ---- item 12: a pixel limit read from the header, before decoding ---------------------------------------
