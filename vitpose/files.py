@@ -100,8 +100,8 @@ def fsync_dir(directory) -> None:
 @contextlib.contextmanager
 def atomic_path(path):
     """Yield a temporary path beside `path`; when the block ends without an error, that file is
-    fsynced and renamed over `path`. On any error (or if nothing was written) the temporary file
-    is deleted and `path` is untouched."""
+    fsynced and renamed over `path`. On any error the temporary file is deleted and `path` is
+    untouched."""
     path = as_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
