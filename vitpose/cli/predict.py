@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -189,10 +188,9 @@ def coco_results(poses, image_id: int, file_name: str) -> list[dict]:
 
 def write_json(records: list[dict], path: Path) -> None:
     """Write atomically: a crash never leaves a half-written results file behind."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(records))
-    os.replace(tmp, path)
+    from vitpose.files import write_atomic
+
+    write_atomic(path, json.dumps(records))
 
 
 def write_results(results: list[dict], sizes: dict, args, predictor) -> None:
@@ -313,11 +311,11 @@ def _run(args) -> int:
 
 def predict_images(predictor, paths: list[Path], args, boxes: dict[int, np.ndarray] | None) -> int:
     """Poses of image files, `args.batch_images` at a time; results, drawings and the summary."""
-    import cv2
     from tqdm import tqdm
 
     from vitpose.data.errors import DataError
     from vitpose.data.image_io import load_image
+    from vitpose.files import write_image
 
     timer = predictor.timer
     timer.reset()
@@ -360,8 +358,10 @@ def predict_images(predictor, paths: list[Path], args, boxes: dict[int, np.ndarr
                         with timer.stage("draw"):
                             canvas = draw(image, poses, args.keypoint_threshold)
                         with timer.stage("write"):
-                            if not cv2.imwrite(str(args.out / name), canvas):
-                                unreadable.append(f"{path}: could not write {args.out / name}")
+                            try:  # through a numpy buffer: any file name the OS allows (#18 item 4)
+                                write_image(args.out / name, canvas)
+                            except (OSError, ValueError) as e:
+                                unreadable.append(f"{path}: could not write {args.out / name} ({e})")
                 done += len(images)
             bar.update(len(chunk))
     if args.json is not None:
