@@ -23,6 +23,7 @@ the end); 2 for a usage error (unknown model, missing source, bad boxes file).
 from __future__ import annotations
 
 import argparse
+import os
 import json
 import sys
 from pathlib import Path
