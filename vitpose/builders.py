@@ -298,7 +298,7 @@ def _read_cached(path: Path, downloaded: bool):
 def _spec_from_shapes(state, weights, repo) -> ModelSpec:
     """A spec for a file made elsewhere: its shapes, plus what an old training checkpoint's config
     or an HF config.json says that shapes cannot (heads, codec sigma, heatmap size)."""
-    spec = infer_model_spec(state)
+    spec = infer_model_spec(state, origin=weights.origin)
     if repo is not None:
         hf = hub.hf_config(*repo) or {}
         backbone = hf.get("backbone_config") or {}

@@ -674,7 +674,7 @@ def _img_size_of(num_tokens, origin):
     return grid[0] * PATCH_SIZE, grid[1] * PATCH_SIZE
 
 
-def infer_model_spec(source) -> ModelSpec:
+def infer_model_spec(source, origin: str | None = None) -> ModelSpec:
     """The ModelSpec of a ViTPose weights file told from its tensor shapes (the one shape reader).
 
     `source`: a path or a mapping, of any layout `load_weights` reads (a ViTPose+ file after
@@ -684,7 +684,8 @@ def infer_model_spec(source) -> ModelSpec:
     normalisation and sigma are ViTPose's (UDP, sigma 2); the skeleton is not in the shapes (None).
     Raises CheckpointError for a backbone-only file (no head) or shapes no ViTPose has.
     """
-    state_dict, origin = _read_source(source)
+    state_dict, read_origin = _read_source(source)
+    origin = origin or read_origin
     layout, prefixed = detect_layout(state_dict)
     if not prefixed or layout == "mae":
         raise CheckpointError(f"{origin}: a backbone-only file ({layout} layout, no keypoint head): "

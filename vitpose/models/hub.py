@@ -15,8 +15,9 @@ torch.hub names off the network. A name that is neither cached nor downloadable 
 `DownloadError` (one line) saying which file to fetch, from where, and where to put it.
 
 A network that accepts connections and never answers cannot hang a run: every connection and
-every read waits at most `VITPOSE_DOWNLOAD_TIMEOUT` seconds (default 30), and a download is tried
-`VITPOSE_DOWNLOAD_TRIES` times (default 3, a second's pause between tries) before the one line.
+every read waits at most `VITPOSE_DOWNLOAD_TIMEOUT` seconds (default 30), and an MMPose download
+is tried `VITPOSE_DOWNLOAD_TRIES` times (default 3, a second's pause between tries) before the one
+line; huggingface_hub retries its requests by itself (5 times, waits of 1 to 8 s).
 """
 
 from __future__ import annotations
@@ -291,30 +292,25 @@ def download_hf(repo_id: str, revision: str | None = None, filename: str = HF_FI
         raise DownloadError(f"{name or repo_id} is hosted on the Hugging Face Hub: `pip install huggingface_hub`") from None
     at = f"@{revision}" if revision else ""
     url = f"{constants.ENDPOINT}/{repo_id}/resolve/{revision or 'main'}/{filename}"
-    timeout, tries = download_settings()
-    for attempt in range(1, tries + 1):
-        try:
-            return Path(hf_hub_download(repo_id, filename, revision=revision, etag_timeout=timeout))
-        except RemoteEntryNotFoundError:
-            raise  # the repo has no such file (hf_config: no config.json)
-        except LocalEntryNotFoundError as e:
-            if constants.HF_HUB_OFFLINE or attempt == tries:
-                reason = ("HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else
-                          f"the Hub could not be reached ({tries} tries, {timeout:g} s timeout)")
-                raise DownloadError(
-                    f"{name or repo_id + at} ({repo_id}/{filename}{at}) is not in the Hugging Face cache "
-                    f"({constants.HF_HUB_CACHE}) and {reason}. Fetch it once with network access: "
-                    f"`hf download {repo_id} {filename}{' --revision ' + revision if revision else ''}` "
-                    f"(or from {url}); then offline runs (HF_HUB_OFFLINE=1) find it. ({type(e).__name__})") from None
-        except HfHubHTTPError as e:
-            raise DownloadError(f"{name or repo_id + at}: the Hub refused {url}: {str(e).splitlines()[0]}") from None
-        except OSError as e:  # a read that timed out after the connection was made, a full disk
-            if attempt == tries:
-                raise DownloadError(f"{name or repo_id + at}: {url} could not be downloaded ({type(e).__name__}: "
-                                    f"{e}) after {tries} tries; fetch it with `hf download {repo_id} {filename}`, "
-                                    f"or retry") from None
-        time.sleep(1.0)
-    raise AssertionError("unreachable")
+    timeout, _ = download_settings()  # huggingface_hub retries by itself (5 times, backing off up to 8 s)
+    try:
+        return Path(hf_hub_download(repo_id, filename, revision=revision, etag_timeout=timeout,
+                                    endpoint=constants.ENDPOINT))
+    except RemoteEntryNotFoundError:
+        raise  # the repo has no such file (hf_config: no config.json)
+    except LocalEntryNotFoundError as e:
+        reason = ("HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else
+                  f"the Hub could not be reached ({timeout:g} s timeout, retried)")
+        raise DownloadError(
+            f"{name or repo_id + at} ({repo_id}/{filename}{at}) is not in the Hugging Face cache "
+            f"({constants.HF_HUB_CACHE}) and {reason}. Fetch it once with network access: "
+            f"`hf download {repo_id} {filename}{' --revision ' + revision if revision else ''}` "
+            f"(or from {url}); then offline runs (HF_HUB_OFFLINE=1) find it. ({type(e).__name__})") from None
+    except HfHubHTTPError as e:
+        raise DownloadError(f"{name or repo_id + at}: the Hub refused {url}: {str(e).splitlines()[0]}") from None
+    except OSError as e:  # a read that timed out after the connection was made, a full disk
+        raise DownloadError(f"{name or repo_id + at}: {url} could not be downloaded ({type(e).__name__}: {e}); "
+                            f"fetch it with `hf download {repo_id} {filename}`, or retry") from None
 
 
 def hf_config(repo_id: str, revision: str | None = None) -> dict | None:
