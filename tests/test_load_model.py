@@ -211,8 +211,9 @@ def test_from_pretrained_with_an_hf_repo_id_and_revision_offline(offline_hf):
                              ("usyd-community/vitpose-base-simple@" + "b" * 40, "b" * 40)):
         predictor = vitpose.Predictor.from_pretrained(source, **options)
         assert predictor.skeleton.name == "coco" and predictor.model.backbone.blocks[0].attn.num_heads == 12
-        by_hand = vitpose.build_model("vitpose-s", "simple")
-        load_weights(by_hand, offline_hf[revision])
+        with torch.device("meta"):  # no init: every tensor is loaded
+            by_hand = vitpose.build_model("vitpose-s", "simple")
+        load_weights(by_hand.to_empty(device="cpu"), offline_hf[revision])
         expected = vitpose.Predictor(by_hand, device="cpu", flip_test=False).predict(image, [[0, 0, 96, 128]])
         poses = predictor(image)
         np.testing.assert_array_equal(poses.keypoints, expected[0])
@@ -325,3 +326,30 @@ def test_the_recorded_spec_key_is_the_documented_one(tmp_path):
     with safe_open(str(path), framework="pt") as f:
         recorded = json.loads(f.metadata()[METADATA_KEY])
     assert recorded["num_keypoints"] == 17 and recorded["skeleton"] is None
+
+
+# -- exports carry and use the skeleton's flip order ---------------------------------------------------
+
+def test_an_ap10k_export_flips_with_ap10ks_order_and_the_gate_checks_it(tmp_path):
+    from vitpose.inference.export import GateError, read_export_spec, to_exported_program
+
+    ap10k = dataset_info("ap10k")
+    assert ap10k.flip_indices != dataset_info("coco").flip_indices  # both 17 keypoints, other pairs
+    model = tiny(17, seed=3)
+    model.spec = spec_of_model(model, skeleton=skeleton_data(ap10k))
+    crops = torch.from_numpy(np.random.default_rng(3).integers(0, 255, (3, 3, 64, 48), dtype=np.uint8))
+    options = dict(flip_test=True, crops=crops, log=None)
+    # A graph baked with COCO's left/right order differs from the model's own flip test: refused.
+    with pytest.raises(GateError, match="gate FAILED"):
+        to_exported_program(model, tmp_path / "coco-order.pt2", flip_indices=dataset_info("coco").flip_indices,
+                            **options)
+    assert not (tmp_path / "coco-order.pt2").exists()
+    report = to_exported_program(model, tmp_path / "ap10k.pt2", **options)  # the model's own order
+    assert report.passed
+    recorded = read_export_spec(tmp_path / "ap10k.pt2")
+    assert recorded["skeleton"]["name"] == "ap10k" and recorded["skeleton"]["flip_indices"] == list(ap10k.flip_indices)
+    program = torch.export.load(str(tmp_path / "ap10k.pt2")).module()
+    x = vitpose.data.pixels.normalize_images(crops)
+    with torch.no_grad():
+        expected = vitpose.flip_test(model, x, flip_indices=ap10k.flip_indices)
+        torch.testing.assert_close(program(x), expected, rtol=1e-4, atol=1e-4)

@@ -247,18 +247,23 @@ def load_model(source, *, expert=None, config=None, device=None) -> LoadedModel:
     if named is not None and named.plus or repo is not None and is_vitpose_plus(weights.state_dict):
         expert = "coco" if expert is None else expert
     state, choice = select_expert(weights.state_dict, expert, weights.origin)
-    if config is not None:
-        cfg = config if isinstance(config, Config) else load_config(config)
-        skeleton = build_dataset_info(cfg)
-        model = build_model_from_config(cfg.model, skeleton)
-        spec = model.spec
-    else:
-        spec = weights.spec or _spec_from_shapes(state, weights, repo)
-        if choice is not None:
-            spec = spec.replace(expert=choice.name)
-        skeleton = _skeleton(spec, choice, weights)
-        spec = spec.replace(skeleton=skeleton_data(skeleton))
-        model = spec.build()
+    with torch.device("meta"):  # no random init: every tensor is loaded below (strict)
+        if config is not None:
+            cfg = config if isinstance(config, Config) else load_config(config)
+            skeleton = build_dataset_info(cfg)
+            model = build_model_from_config(cfg.model, skeleton)
+            spec = model.spec
+        else:
+            spec = weights.spec or _spec_from_shapes(state, weights, repo)
+            if choice is not None:
+                spec = spec.replace(expert=choice.name)
+            skeleton = _skeleton(spec, choice, weights)
+            spec = spec.replace(skeleton=skeleton_data(skeleton))
+            model = spec.build()
+    model = model.to_empty(device="cpu")
+    for name, buffer in model.named_buffers():
+        if name.endswith("num_batches_tracked"):
+            buffer.zero_()  # the one entry strict loading lets older files lack
     report = load_weights(model, state, origin=weights.origin)
     model.to(resolve_device(device)).eval()
     return LoadedModel(model, spec.build_codec(), skeleton, spec, path, report)
