@@ -148,6 +148,13 @@ def test_training_checkpoints_record_the_spec(tmp_path, k5_skeleton):
     assert loaded.spec == model.spec.replace() and loaded.skeleton.flip_indices == (0, 2, 1, 4, 3)
     assert loaded.codec.input_size == tuple(cfg.model.input_size) and loaded.spec.depth == cfg.model.extra["depth"]
 
+    # A checkpoint written before specs existed records its config: that says the same.
+    del payload[METADATA_KEY]
+    torch.save(payload, tmp_path / "old.pth")
+    old = vitpose.load_model(tmp_path / "old.pth")
+    assert old.spec == loaded.spec and "training config" in old.spec.origin
+    assert skeleton_data(old.skeleton) == skeleton_data(loaded.skeleton)
+
 
 # -- names ---------------------------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ config or a file means the same network, the same crops and the same keypoints i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -254,7 +255,7 @@ def load_model(source, *, expert=None, config=None, device=None) -> LoadedModel:
             model = build_model_from_config(cfg.model, skeleton)
             spec = model.spec
         else:
-            spec = weights.spec or _spec_from_shapes(state, weights, repo)
+            spec = weights.spec or _spec_from_recorded_config(weights) or _spec_from_shapes(state, weights, repo)
             if choice is not None:
                 spec = spec.replace(expert=choice.name)
             skeleton = _skeleton(spec, choice, weights)
@@ -300,18 +301,37 @@ def _read_cached(path: Path, downloaded: bool):
         raise
 
 
+def _spec_from_recorded_config(weights) -> ModelSpec | None:
+    """The spec of a training checkpoint that records its config but no spec (written before specs
+    were): the config's model, codec and, when it can still be read, its skeleton."""
+    recorded = weights.config or {}
+    if not isinstance(recorded.get("model"), dict):
+        return None
+    sections = {}
+    for name, section_type in (("model", ModelConfig), ("data", DataConfig)):
+        known = {f.name for f in dataclasses.fields(section_type)}
+        body = recorded.get(name) if isinstance(recorded.get(name), dict) else {}
+        sections[name] = section_type(**{k: v for k, v in body.items() if k in known})
+    cfg = Config(**sections)
+    try:
+        skeleton = build_dataset_info(cfg)
+    except (DataError, ConfigError):  # a skeleton file that is not here any more: K and the rules decide
+        skeleton = None
+    with torch.device("meta"):
+        spec = build_model_from_config(cfg.model, skeleton).spec
+    return spec.replace(origin=f"the training config recorded in {weights.origin}")
+
+
 def _spec_from_shapes(state, weights, repo) -> ModelSpec:
-    """A spec for a file made elsewhere: its shapes, plus what an old training checkpoint's config
-    or an HF config.json says that shapes cannot (heads, codec sigma, heatmap size)."""
+    """A spec for a file made elsewhere: its shapes, plus the head count of an HF config.json (no
+    shape holds it)."""
     spec = infer_model_spec(state, origin=weights.origin)
     if repo is not None:
         hf = hub.hf_config(*repo) or {}
         backbone = hf.get("backbone_config") or {}
         if backbone.get("num_attention_heads"):
             spec = spec.replace(num_heads=int(backbone["num_attention_heads"]), origin=spec.origin + " + HF config.json")
-    model_cfg = (weights.config or {}).get("model") or {}
-    known = {k: model_cfg[k] for k in ("input_size", "heatmap_size", "sigma") if k in model_cfg}
-    return spec.replace(**known) if known else spec
+    return spec
 
 
 def _skeleton(spec: ModelSpec, choice, weights) -> DatasetInfo:
