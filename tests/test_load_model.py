@@ -23,7 +23,6 @@ import numpy as np
 import pytest
 import torch
 from conftest import REPO
-from weights_recipe import layout_weights
 
 import vitpose
 from vitpose.builders import skeleton_data
@@ -187,28 +186,53 @@ def _fill_hf(hf_cache: Path, repo_id: str, revision: str, files: dict[str, bytes
 
 
 HF_CONFIG = {"model_type": "vitpose", "use_simple_decoder": True, "scale_factor": 4,
-             "backbone_config": {"model_type": "vitpose_backbone", "hidden_size": 384, "num_hidden_layers": 12,
-                                 "num_attention_heads": 12, "mlp_ratio": 4, "image_size": [256, 192],
+             "backbone_config": {"model_type": "vitpose_backbone", "hidden_size": 384, "num_hidden_layers": 1,
+                                 "num_attention_heads": 6, "mlp_ratio": 4, "image_size": [256, 192],
                                  "patch_size": [16, 16], "num_experts": 1}}
 
 
+def hf_layout(model) -> dict:
+    """A one-block ViT-S simple model's tensors under HF transformers' VitPose names (q/k/v split,
+    a 193-row position embedding whose row 0 is zero)."""
+    names = {"backbone.patch_embed.proj": "backbone.embeddings.patch_embeddings.projection",
+             "backbone.blocks.0.norm1": "backbone.encoder.layer.0.layernorm_before",
+             "backbone.blocks.0.norm2": "backbone.encoder.layer.0.layernorm_after",
+             "backbone.blocks.0.attn.proj": "backbone.encoder.layer.0.attention.output.dense",
+             "backbone.blocks.0.mlp.fc1": "backbone.encoder.layer.0.mlp.fc1",
+             "backbone.blocks.0.mlp.fc2": "backbone.encoder.layer.0.mlp.fc2",
+             "backbone.norm": "backbone.layernorm", "head.final_layer": "head.conv"}
+    out = {}
+    for name, tensor in model.state_dict().items():
+        stem, kind = name.rsplit(".", 1)
+        if name == "backbone.pos_embed":
+            out["backbone.embeddings.position_embeddings"] = torch.cat([torch.zeros_like(tensor[:, :1]), tensor], 1)
+        elif stem == "backbone.blocks.0.attn.qkv":
+            for part, chunk in zip(("query", "key", "value"), tensor.chunk(3)):
+                out[f"backbone.encoder.layer.0.attention.attention.{part}.{kind}"] = chunk.contiguous()
+        else:
+            out[f"{names[stem]}.{kind}"] = tensor
+    return out
+
+
 @pytest.fixture
-def offline_hf(tmp_path, monkeypatch, fixtures_dir):
-    """usyd-community/vitpose-base-simple in a local HF cache: two commits of random ViT-S simple
-    weights in HF's layout (main = rev a, and rev b), HF_HUB_OFFLINE=1."""
+def offline_hf(tmp_path, monkeypatch):
+    """usyd-community/vitpose-base-simple in a local HF cache: two commits of random one-block, 6-head
+    ViT-S simple models in HF's layout (main = rev a, and rev b), HF_HUB_OFFLINE=1. -> {revision: model}"""
     import huggingface_hub.constants as hf_constants
-    from safetensors.numpy import save
+    from safetensors.torch import save
 
     hf_cache = tmp_path / "hf"
-    weights = {}
+    models = {}
     for seed, revision in ((7, "a" * 40), (8, "b" * 40)):
-        weights[revision] = layout_weights(fixtures_dir, "simple", "hf", seed=seed)
-        files = {"model.safetensors": save(weights[revision]), "config.json": json.dumps(HF_CONFIG).encode()}
+        torch.manual_seed(seed)
+        # 6 heads, not ViT-S's 12: no shape holds the head count, only config.json says it
+        models[revision] = vitpose.build_model("vitpose-s", "simple", depth=1, num_heads=6).eval()
+        files = {"model.safetensors": save(hf_layout(models[revision])), "config.json": json.dumps(HF_CONFIG).encode()}
         _fill_hf(hf_cache, "usyd-community/vitpose-base-simple", revision, files, main=revision == "a" * 40)
     monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(hf_cache))
     monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    return weights
+    return models
 
 
 def test_from_pretrained_with_an_hf_repo_id_and_revision_offline(offline_hf):
@@ -217,14 +241,14 @@ def test_from_pretrained_with_an_hf_repo_id_and_revision_offline(offline_hf):
     for source, revision in (("usyd-community/vitpose-base-simple", "a" * 40),
                              ("usyd-community/vitpose-base-simple@" + "b" * 40, "b" * 40)):
         predictor = vitpose.Predictor.from_pretrained(source, **options)
-        assert predictor.skeleton.name == "coco" and predictor.model.backbone.blocks[0].attn.num_heads == 12
-        with torch.device("meta"):  # no init: every tensor is loaded
-            by_hand = vitpose.build_model("vitpose-s", "simple")
-        load_weights(by_hand.to_empty(device="cpu"), offline_hf[revision])
-        expected = vitpose.Predictor(by_hand, device="cpu", flip_test=False).predict(image, [[0, 0, 96, 128]])
+        assert predictor.skeleton.name == "coco" and predictor.model.backbone.blocks[0].attn.num_heads == 6
+        by_hand = vitpose.Predictor(offline_hf[revision], device="cpu", flip_test=False)
+        expected = by_hand.predict(image, [[0, 0, 96, 128]])
         poses = predictor(image)
         np.testing.assert_array_equal(poses.keypoints, expected[0])
         np.testing.assert_array_equal(poses.keypoint_scores, expected[1])
+    a, b = (vitpose.load_model("usyd-community/vitpose-base-simple" + at).model for at in ("", "@" + "b" * 40))
+    assert not torch.equal(a.head.final_layer.weight, b.head.final_layer.weight)  # two commits, two models
     with pytest.raises(hub.DownloadError, match="not in the Hugging Face cache.*HF_HUB_OFFLINE is set"):
         vitpose.load_model("usyd-community/vitpose-huge-simple")
 
@@ -360,3 +384,12 @@ def test_an_ap10k_export_flips_with_ap10ks_order_and_the_gate_checks_it(tmp_path
     with torch.no_grad():
         expected = vitpose.flip_test(model, x, flip_indices=ap10k.flip_indices)
         torch.testing.assert_close(program(x), expected, rtol=1e-4, atol=1e-4)
+
+    # ONNX: the same spec in the metadata, and the flip order OnnxPredictor reads from it.
+    pytest.importorskip("onnxruntime")
+    from vitpose.inference.export import to_onnx
+    from vitpose.inference.onnx import OnnxPredictor
+
+    to_onnx(model, tmp_path / "ap10k.onnx", flip_test=False, crops=crops, log=None)
+    assert read_export_spec(tmp_path / "ap10k.onnx") == recorded
+    assert OnnxPredictor(tmp_path / "ap10k.onnx").flip_indices == list(ap10k.flip_indices)
