@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from vitpose.errors import UserError
-from vitpose.models.spec import EXPERT_ALIASES, EXPERTS, METADATA_KEY, ModelSpec
+from vitpose.models.spec import EXPERTS, METADATA_KEY, ModelSpec, SpecError, expert_name
 from vitpose.models.vit import resize_pos_embed
 
 log = logging.getLogger(__name__)
@@ -283,17 +283,11 @@ def _expert_choices(num_experts: int) -> str:
 
 
 def _expert_index(expert, num_experts: int, origin: str) -> int:
-    """The expert's index from a dataset name or an index (0..num_experts-1)."""
-    if isinstance(expert, str):
-        name = EXPERT_ALIASES.get(expert.strip().lower(), expert.strip().lower())
-        if name in VITPOSE_PLUS_EXPERTS[:num_experts]:
-            return VITPOSE_PLUS_EXPERTS.index(name)
-        raise CheckpointError(f"{origin}: unknown ViTPose+ expert {expert!r}; the file's experts are "
-                              f"{_expert_choices(num_experts)}")
-    if isinstance(expert, (int, np.integer)) and not isinstance(expert, bool) and 0 <= expert < num_experts:
-        return int(expert)
-    raise CheckpointError(f"{origin}: expert={expert!r} is not one of the file's {num_experts} experts: "
-                          f"{_expert_choices(num_experts)}")
+    """The expert's index from a dataset name (any case, aliases) or an index (0..num_experts-1)."""
+    try:
+        return EXPERTS.index(expert_name(expert, num_experts, origin))
+    except SpecError as e:
+        raise CheckpointError(str(e)) from None
 
 
 def select_expert(state_dict, expert, origin="weights mapping"):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,21 +48,21 @@ class SpecError(UserError, ValueError):
 
 
 def expert_name(expert, num_experts: int = len(EXPERTS), origin: str = "expert") -> str:
-    """The canonical ViTPose+ expert name of a name (any case, aliases) or an index 0..num_experts-1."""
+    """The canonical ViTPose+ expert name of a name (any case, aliases) or an index 0..num_experts-1
+    of a file with `num_experts` experts; SpecError names the choices (and the closest name)."""
     names = EXPERTS[:num_experts]
+    choices = ", ".join(f"{name!r} ({i})" for i, name in enumerate(names))
     if isinstance(expert, str):
         key = expert.strip().lower()
         key = EXPERT_ALIASES.get(key, key)
         if key in names:
             return key
-        if key.isdigit() and int(key) < num_experts:
-            return names[int(key)]
-    elif isinstance(expert, int) and not isinstance(expert, bool) and 0 <= expert < num_experts:
-        return names[expert]
-    close = difflib.get_close_matches(str(expert).lower(), [*names, *EXPERT_ALIASES], n=1, cutoff=0.6)
-    hint = f" (did you mean {EXPERT_ALIASES.get(close[0], close[0])!r}?)" if close else ""
-    choices = ", ".join(f"{name!r} ({i})" for i, name in enumerate(names))
-    raise SpecError(f"{origin}: unknown ViTPose+ expert {expert!r}{hint}; choose one of {choices}")
+        close = difflib.get_close_matches(key, [*names, *EXPERT_ALIASES], n=1, cutoff=0.6)
+        hint = f" (did you mean {EXPERT_ALIASES.get(close[0], close[0])!r}?)" if close else ""
+        raise SpecError(f"{origin}: unknown ViTPose+ expert {expert!r}; the file's experts are {choices}{hint}")
+    if isinstance(expert, numbers.Integral) and not isinstance(expert, bool) and 0 <= expert < num_experts:
+        return names[int(expert)]
+    raise SpecError(f"{origin}: expert={expert!r} is not one of the file's {num_experts} experts: {choices}")
 
 
 def _pair(value, what: str) -> tuple[int, int]:
