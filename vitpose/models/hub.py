@@ -36,7 +36,7 @@ from pathlib import Path
 
 from vitpose.errors import UserError
 
-__all__ = ["DownloadError", "ModelInfo", "UnknownModelError", "download", "download_hf", "hf_config",
+__all__ = ["DownloadError", "ModelInfo", "UnknownModelError", "download", "download_hf", "download_url", "hf_config",
            "is_cached_download", "is_offline", "list_models", "lookup", "parse_repo_id"]
 
 MMPOSE_URL = "https://download.openmmlab.com/mmpose/v1/body_2d_keypoint/topdown_heatmap/coco/"
@@ -228,25 +228,33 @@ def _download_torch_hub(info: ModelInfo, progress: bool, check_hash: bool) -> Pa
     target = torch_hub_path(info)
     if target.is_file():
         return target  # checked when it was downloaded, as torch.hub does
-    how = (f"fetch {info.location} into {target} once with network access, e.g. "
-           f"`vitpose.models.hub.download({info.name!r})` or `curl -L --create-dirs -o {target} {info.location}`")
+    return download_url(info.location, target, info.sha256_prefix if check_hash else None, info.name, progress)
+
+
+def download_url(url: str, target: Path, sha256_prefix: str | None = None, name: str | None = None,
+                 progress: bool = True, alternative: str = "") -> Path:
+    """`url` into the cache file `target` (torch.hub's layout), checked against `sha256_prefix`, with
+    the timeout and tries above; DownloadError (one line: the URL, the manual fix and `alternative`)
+    when it cannot."""
+    name = name or target.name
+    how = (f"fetch {url} into {target} once with network access, e.g. "
+           f"`curl -L --create-dirs -o {target} {url}`{alternative}")
     if is_offline():
-        raise DownloadError(f"{info.name} is not in the torch.hub cache and HF_HUB_OFFLINE is set: {how}")
+        raise DownloadError(f"{name} is not in the torch.hub cache and HF_HUB_OFFLINE is set: {how}")
     timeout, tries = download_settings()
     for attempt in range(1, tries + 1):
         try:
-            fetch_url(info.location, target, info.sha256_prefix if check_hash else None, timeout, progress)
+            fetch_url(url, target, sha256_prefix, timeout, progress)
             return target
         except HashMismatch as e:
-            raise DownloadError(f"{info.name}: the download from {info.location} failed its SHA-256 check "
-                                f"({e}); nothing was cached. Retry, or pass check_hash=False if you trust the "
-                                f"server's file.") from None
+            raise DownloadError(f"{name}: the download from {url} failed its SHA-256 check ({e}); nothing was "
+                                f"cached. Retry, or pass check_hash=False if you trust the server's file.") from None
         except OSError as e:  # timeouts, URLError, connection refused, DNS, disk
             error = e
             if attempt < tries:
                 time.sleep(1.0)
     reason = getattr(error, "reason", None) or error
-    raise DownloadError(f"{info.name} could not be downloaded after {tries} tries with a {timeout:g} s timeout "
+    raise DownloadError(f"{name} could not be downloaded after {tries} tries with a {timeout:g} s timeout "
                         f"({type(error).__name__}: {reason}); {how}") from None
 
 
