@@ -504,7 +504,7 @@ def test_cli_entry_point_reports_bad_paths(tmp_path):
     missing = subprocess.run([sys.executable, "-m", "vitpose", "export", "--model", str(tmp_path / "no.pth"),
                               "--out", str(tmp_path / "x.onnx")], cwd=REPO, capture_output=True, text=True,
                              timeout=120)
-    assert missing.returncode == 2 and "checkpoint not found" in missing.stderr
+    assert missing.returncode == 2 and "weights file not found" in missing.stderr
     assert missing.stderr.count("\n") == 1
 
 

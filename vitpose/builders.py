@@ -245,8 +245,8 @@ def load_model(source, *, expert=None, config=None, device=None) -> LoadedModel:
 
     path, named, repo = resolve_weights(source)
     weights = _read_cached(path, named is not None or repo is not None)
-    if named is not None and named.plus or repo is not None and is_vitpose_plus(weights.state_dict):
-        expert = "coco" if expert is None else expert
+    if (named is not None and named.plus) or (repo is not None and is_vitpose_plus(weights.state_dict)):
+        expert = "coco" if expert is None else expert  # HF's dataset_index 0, as the name table says
     state, choice = select_expert(weights.state_dict, expert, weights.origin)
     with torch.device("meta"):  # no random init: every tensor is loaded below (strict)
         if config is not None:
