@@ -393,3 +393,29 @@ def test_an_ap10k_export_flips_with_ap10ks_order_and_the_gate_checks_it(tmp_path
     to_onnx(model, tmp_path / "ap10k.onnx", flip_test=False, crops=crops, log=None)
     assert read_export_spec(tmp_path / "ap10k.onnx") == recorded
     assert OnnxPredictor(tmp_path / "ap10k.onnx").flip_indices == list(ap10k.flip_indices)
+
+
+def test_a_damaged_cached_file_with_a_known_hash_is_fetched_again(tmp_path, monkeypatch):
+    """An MMPose name's file name carries its SHA-256 prefix: a cached copy that fails to load and
+    to match it is replaced by a fresh download (here from a file:// "server")."""
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    model = vitpose.build_model("vitpose-s", "simple", depth=1, img_size=(64, 48))
+    good = tmp_path / "server" / "td-hm_test.safetensors"
+    vitpose.save_weights(model, good)
+    digest = hashlib.sha256(good.read_bytes()).hexdigest()[:8]
+    served = good.rename(good.with_name(f"td-hm_test-{digest}_20240101.safetensors"))
+    info = hub.ModelInfo("test-damaged", "vitpose-s", "simple", "coco", "mmpose", served.as_uri(), digest)
+    monkeypatch.setitem(hub.MODELS, "test-damaged", info)
+    cached = hub.torch_hub_path(info)
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(served.read_bytes()[:1000])  # an interrupted copy
+    loaded = vitpose.load_model("test-damaged")
+    assert cached.read_bytes() == served.read_bytes()
+    torch.testing.assert_close(loaded.model.head.final_layer.weight, model.head.final_layer.weight)
+    # Without a way to check it (no hash), the message says what to do.
+    monkeypatch.setitem(hub.MODELS, "test-damaged", hub.ModelInfo(*[getattr(info, f) for f in (
+        "name", "size", "decoder", "dataset", "source", "location")]))
+    cached.write_bytes(b"\x00" * 100)
+    with pytest.raises(CheckpointError, match=f"cached download that did not survive: delete {cached} and run again"):
+        vitpose.load_model("test-damaged")

@@ -244,7 +244,7 @@ def load_model(source, *, expert=None, config=None, device=None) -> LoadedModel:
     from vitpose.device import resolve_device
 
     path, named, repo = resolve_weights(source)
-    weights = _read_cached(path, named is not None or repo is not None)
+    weights = _read_cached(path, named)
     if (named is not None and named.plus) or (repo is not None and is_vitpose_plus(weights.state_dict)):
         expert = "coco" if expert is None else expert  # HF's dataset_index 0, as the name table says
     state, choice = select_expert(weights.state_dict, expert, weights.origin)
@@ -290,15 +290,20 @@ def resolve_weights(source) -> tuple[Path, hub.ModelInfo | None, tuple[str, str 
     raise AssertionError("unreachable")
 
 
-def _read_cached(path: Path, downloaded: bool):
-    """read_weights; a downloaded file that cannot be read is named with the fix."""
+def _read_cached(path: Path, named):
+    """read_weights; a cached download that cannot be read is fetched again when its hash is known
+    and does not match (a truncated or damaged file), else named with the fix."""
     try:
         return read_weights(path)
     except CheckpointError as e:
-        if downloaded or hub.is_cached_download(path):
-            raise CheckpointError(f"{e} -- it is a cached download that did not survive: delete {path} "
-                                  f"and run again to fetch it anew") from None
-        raise
+        if not hub.is_cached_download(path):
+            raise
+        if named is not None and named.sha256_prefix and not hub.is_offline() and not hub.matches_hash(
+                path, named.sha256_prefix):
+            path.unlink()
+            return read_weights(hub.download(named.name))
+        raise CheckpointError(f"{e} -- it is a cached download that did not survive: delete {path} "
+                              f"and run again to fetch it anew") from None
 
 
 def _spec_from_recorded_config(weights) -> ModelSpec | None:

@@ -258,6 +258,15 @@ def download_url(url: str, target: Path, sha256_prefix: str | None = None, name:
                         f"({type(error).__name__}: {reason}); {how}") from None
 
 
+def matches_hash(path: Path, sha256_prefix: str) -> bool:
+    """Whether the file's SHA-256 starts with `sha256_prefix`."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest().startswith(sha256_prefix)
+
+
 class HashMismatch(ValueError):
     """A downloaded file whose SHA-256 does not start with the expected digits."""
 
