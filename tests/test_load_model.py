@@ -371,9 +371,11 @@ def test_an_ap10k_export_flips_with_ap10ks_order_and_the_gate_checks_it(tmp_path
     crops = torch.from_numpy(np.random.default_rng(3).integers(0, 255, (3, 3, 64, 48), dtype=np.uint8))
     options = dict(flip_test=True, crops=crops, log=None)
     # A graph baked with COCO's left/right order differs from the model's own flip test: refused.
-    with pytest.raises(GateError, match="gate FAILED"):
+    with pytest.raises(GateError, match="gate FAILED") as err:
         to_exported_program(model, tmp_path / "coco-order.pt2", flip_indices=dataset_info("coco").flip_indices,
                             **options)
+    where = err.value.report.runs[0].heatmap_where[1]  # the report names AP-10K's keypoints
+    assert f"keypoint {where} ({ap10k.keypoint_names[where]})" in str(err.value)
     assert not (tmp_path / "coco-order.pt2").exists()
     report = to_exported_program(model, tmp_path / "ap10k.pt2", **options)  # the model's own order
     assert report.passed

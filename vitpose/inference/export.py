@@ -160,6 +160,12 @@ def _check_batch(batch) -> str | int:
     raise ValueError(f"batch must be 'dynamic' or a positive int, got {batch!r}")
 
 
+def _keypoint_names(model: nn.Module) -> tuple[str, ...]:
+    """The names the model's `.spec` skeleton gives its heatmaps, else COCO's (for the gate's report)."""
+    spec = getattr(unwrap_model(model), "spec", None)
+    return tuple(spec.skeleton["keypoint_names"]) if spec is not None and spec.skeleton else KEYPOINT_NAMES
+
+
 def own_flip_indices(model: nn.Module) -> list[int] | None:
     """The left/right order of the skeleton the model's `.spec` records (None when it records none)."""
     spec = getattr(unwrap_model(model), "spec", None)
@@ -302,6 +308,7 @@ class GateReport:
     input_shape: list
     runs: list[GateRun]
     shape_problem: str | None = None
+    keypoint_names: Sequence[str] = KEYPOINT_NAMES  # the model's skeleton's (COCO's by default)
 
     @property
     def passed(self) -> bool:
@@ -318,7 +325,7 @@ class GateReport:
             out.append(
                 f"  batch {run.batch}: heatmaps max |diff| {run.heatmap_diff:.3g} (tolerance {run.tolerance:.3g}, "
                 f"peak {run.peak:.3g}) {verdict}, at item {item} ({_label(run, item)}) keypoint {k} "
-                f"({_keypoint_name(k)}) pixel (y {y}, x {x})")
+                f"({self.keypoint_name(k)}) pixel (y {y}, x {x})")
             item, k = run.keypoint_where
             moved = (f"{run.keypoints_moved} of {run.keypoints_total} "
                      f"moved > {KEYPOINT_FLOOR_PX} px")
@@ -328,17 +335,18 @@ class GateReport:
             verdict = "ok" if run.keypoints_unexplained == 0 else "FAILED"
             out.append(
                 f"  batch {run.batch}: keypoints max {run.keypoint_diff:.3g} px (crop pixels) at item {item} "
-                f"keypoint {k} ({_keypoint_name(k)}); {moved}: {verdict}; scores max |diff| {run.score_diff:.3g}")
+                f"keypoint {k} ({self.keypoint_name(k)}); {moved}: {verdict}; scores max |diff| {run.score_diff:.3g}")
         out.append("gate passed" if self.passed else "gate FAILED")
         return out
+
+    def keypoint_name(self, k: int) -> str:
+        return self.keypoint_names[k] if k < len(self.keypoint_names) else f"#{k}"
 
 
 def _label(run: GateRun, item: int) -> str:
     return run.labels[item] if item < len(run.labels) else f"crop {item}"
 
 
-def _keypoint_name(k: int) -> str:
-    return KEYPOINT_NAMES[k] if k < len(KEYPOINT_NAMES) else f"#{k}"
 
 
 def _decode_sensitivity(codec, heatmaps: np.ndarray, amplitude: float) -> np.ndarray:
@@ -469,7 +477,7 @@ def check_export(path, model: nn.Module, crops: torch.Tensor, *, format: str, ba
         runs.append(_compare(reference, exported, codec, tolerance, run_labels))
     return GateReport(path=str(path), format=format, runtime=runtime, precision="float16" if fp16 else "float32",
                       source=source, input_shape=shape, runs=runs,
-                      shape_problem=_shape_problem(shape, batch, input_size))
+                      shape_problem=_shape_problem(shape, batch, input_size), keypoint_names=_keypoint_names(model))
 
 
 # ----------------------------------------------------------------------------------------------
