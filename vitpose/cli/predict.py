@@ -265,11 +265,9 @@ def build_predictor(args):
 def run(args) -> int:
     """`vitpose predict`; returns the exit status (errors about the user's input: one line, 2)."""
     from vitpose.config import ConfigError
-    from vitpose.models.hub import DownloadError, UnknownModelError
-    from vitpose.models.checkpoint import CheckpointError
+    from vitpose.errors import UserError  # load_model's errors (names, downloads, files, specs) are UserErrors
 
-    expected = (UsageError, UnknownModelError, DownloadError, CheckpointError, ConfigError, FileNotFoundError,
-                NotImplementedError)
+    expected = (UsageError, UserError, ConfigError, FileNotFoundError)
     try:
         return _run(args)
     except expected as e:
