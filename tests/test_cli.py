@@ -26,7 +26,8 @@ from vitpose import cli
 from vitpose.config import ConfigError, find_config, load_config, shipped_configs
 from vitpose.errors import UserError
 
-COMMANDS = ["train", "evaluate", "predict", "export", "tune", "check-data", "build-crop-cache", "plot"]
+COMMANDS = ["train", "evaluate", "predict", "export", "tune", "check-data", "build-crop-cache", "plot",
+            "import-annotations"]
 
 
 def subparsers_of(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -44,7 +45,7 @@ def test_every_command_is_a_subcommand_with_the_shared_options():
     for name, parser in commands.items():
         options = option_strings(parser)
         assert "--debug" in options, name  # every command reports errors the same way
-        if name != "plot":  # plot reads a work dir, no config
+        if name not in ("plot", "import-annotations"):  # they read a work dir / an export, no config
             assert {"--config", "--debug"} <= options, name
     for name in ("train", "evaluate", "tune"):
         assert set(cli.SHARED) <= option_strings(commands[name]), name

@@ -180,6 +180,8 @@ def readme_commands(markdown):
             in_block = line.strip() == "```bash"
             continue
         if not in_block:
+            if line.startswith("|"):  # a table cell names flags (`vitpose export --out`), not commands
+                continue
             spans = re.findall(r"`(vitpose [^`]+|python (?:train|evaluate)\.py[^`]*)`", line)
             found += [(number, span) for span in spans if len(span.split()) > 2]  # `vitpose tune` alone is a name
             continue

@@ -24,10 +24,10 @@ from test_metric import pycocotools_stats
 from weights_recipe import layout_weights
 
 import vitpose
+from vitpose.cli.evaluate import evaluate_checkpoint
 from vitpose.coco_meta import FLIP_INDICES, SIGMAS
 from vitpose.codecs.udp import UDPHeatmap
 from vitpose.data.coco import CocoKeypoints
-from vitpose.cli.evaluate import evaluate_checkpoint
 from vitpose.engine.evaluate import evaluate_model, predict
 from vitpose.evaluation import CocoEvaluator
 from vitpose.evaluation.coco_evaluator import STAT_NAMES, load_predictions

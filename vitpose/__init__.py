@@ -29,6 +29,8 @@ def lazy_exports(package: str, modules: dict[str, list[str]]):
 
 __all__, __getattr__ = lazy_exports(__name__, {
     "vitpose.models": ["build_model", "load_weights", "save_weights", "flip_test", "models"],
+    "vitpose.builders": ["load_model", "LoadedModel"],
+    "vitpose.models.spec": ["ModelSpec"],
     "vitpose.inference.predictor": ["Predictor"],
     "vitpose.inference.onnx": ["OnnxPredictor"],
     "vitpose.inference.draw": ["draw_pose"],

@@ -20,18 +20,10 @@ import os
 import time
 from pathlib import Path
 
-import cv2
 import numpy as np
 from torch.utils.data import DataLoader
 
-from vitpose.builders import (
-    build_codec,
-    build_dataset_info,
-    build_evaluator,
-    build_model_from_config,
-    build_val_set,
-    val_bbox_path,
-)
+from vitpose.builders import build_dataset_info, build_evaluator, build_val_set, load_model, val_bbox_path
 from vitpose.config import Config, load_config
 from vitpose.data.image_io import load_image
 from vitpose.device import resolve_device
@@ -40,8 +32,8 @@ from vitpose.engine.evaluate import format_stats, predict
 from vitpose.engine.precision import resolve_precision
 from vitpose.errors import UserError
 from vitpose.evaluation.coco_evaluator import save_predictions
+from vitpose.files import check_output, write_image
 from vitpose.inference.draw import draw_pose
-from vitpose.models import load_weights
 from vitpose.models.checkpoint import CheckpointError
 
 DEFAULT_CONFIG = "vitpose-s_coco_256x192"
@@ -110,14 +102,14 @@ def evaluate_checkpoint(args) -> dict:
     if bbox_file is not None and not Path(bbox_file).is_file():
         raise UserError(f"person detection file not found: {bbox_file} "
                         "(give one with --bbox-file, or evaluate on GT boxes with --gt-boxes)")
+    out = check_outputs(args, cfg, inputs=(ann_file, bbox_file, args.checkpoint, args.config))  # before the work
 
     # Build everything that can fail on bad input before the long part starts.
     skeleton = build_dataset_info(cfg, root)  # K, flip pairs and OKS sigmas of the data
     evaluator = build_evaluator(cfg, skeleton, root=root)  # as MMPose scores data.dataset_info
     dataset = build_val_set(cfg, root, bbox_file, info=skeleton)
-    model = build_model_from_config(cfg.model)
-    report = load_weights(model, args.checkpoint)
-    model.to(device).eval()
+    loaded = load_model(args.checkpoint, config=cfg, device=device)  # the one way to a model
+    model, codec, report = loaded.model, loaded.codec, loaded.report
     print(f"config    : {config_source}")
     print(f"model     : {cfg.model.name} ({cfg.model.decoder} decoder) from {args.checkpoint} "
           f"[{getattr(report, 'layout', '?')} layout]")
@@ -132,7 +124,7 @@ def evaluate_checkpoint(args) -> dict:
     loader = DataLoader(dataset, batch_size=args.batch_size or cfg.loader.val_batch_size, shuffle=False,
                         num_workers=workers, pin_memory=device.type == "cuda", persistent_workers=False)
     start = time.perf_counter()
-    predictions = predict(model, loader, build_codec(cfg.model), flip_test=flip, device=device, amp_dtype=amp_dtype,
+    predictions = predict(model, loader, codec, flip_test=flip, device=device, amp_dtype=amp_dtype,
                           flip_indices=skeleton.flip_indices)
     seconds = time.perf_counter() - start
     print(f"predicted : {len(predictions)} crops in {seconds:.1f} s ({len(predictions) / max(seconds, 1e-9):.1f} crops/s)")
@@ -141,7 +133,7 @@ def evaluate_checkpoint(args) -> dict:
     if evaluator.last_nonfinite:
         print(f"non-finite: {evaluator.last_nonfinite} of {len(predictions)} predictions have non-finite keypoints "
               f"or scores (a diverged or broken model?); they are scored as misses (OKS 0)")
-    write_outputs(args, cfg, evaluator, dataset, predictions)
+    write_outputs(args, out, evaluator, dataset, predictions)
     print()
     print(format_stats(stats))
     return stats
@@ -153,9 +145,17 @@ def describe_rescoring(cfg: Config) -> str:
     return "none (bbox score)"
 
 
-def write_outputs(args, cfg: Config, evaluator, dataset, predictions) -> None:
+def check_outputs(args, cfg: Config, inputs) -> Path:
+    """The predictions file (--out), its .coco_results.json and --vis, checked before any work."""
+    out = check_output(args.out or Path(cfg.train.work_dir) / "eval" / "predictions.json", "--out", inputs=inputs)
+    check_output(out.with_name(out.name.removesuffix(".json") + ".coco_results.json"), "--out", inputs=inputs)
+    if args.vis is not None:
+        check_output(args.vis, "--vis", kind="dir", inputs=inputs)
+    return out
+
+
+def write_outputs(args, out: Path, evaluator, dataset, predictions) -> None:
     """The raw predictions, the COCO results COCOeval scored, and (--vis) drawings."""
-    out = args.out or Path(cfg.train.work_dir) / "eval" / "predictions.json"
     save_predictions(predictions, out)
     results_file = evaluator.write_results(predictions, out.with_name(out.name.removesuffix(".json") + ".coco_results.json"))
     print(f"written   : {out} (raw predictions), {results_file} (the COCO results scored)")
@@ -200,7 +200,7 @@ def draw_examples(dataset, predictions, out_dir: Path, num_images: int, thr: flo
         canvas = draw_pose(image, keypoints, scores, thr=thr, channels="bgr", skeleton=skeleton.skeleton,
                            keypoint_colors=skeleton.keypoint_colors, link_colors=skeleton.link_colors)
         path = out_dir / f"{image_id:012d}.png"
-        cv2.imwrite(str(path), canvas)
+        write_image(path, canvas)  # a numpy buffer: any --vis folder name the OS allows
         written.append(path)
     return written
 

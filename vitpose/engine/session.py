@@ -34,7 +34,8 @@ from vitpose.builders import (
 )
 from vitpose.config import Config
 from vitpose.data.loaders import Loaders, build_loaders
-from vitpose.data.synthetic import make_coco
+from vitpose.data.metainfo import DatasetInfo
+from vitpose.data.synthetic import claim_synthetic_root, make_coco
 from vitpose.engine import checkpoint, evaluate
 from vitpose.engine import distributed as D
 from vitpose.engine.gpu_monitor import GpuMonitor
@@ -47,6 +48,7 @@ from vitpose.engine.thermal import ThermalGuard
 from vitpose.engine.trainer import RunWatch, TrainRun, TrainState, checkpoint_payload, restore_checkpoint
 from vitpose.engine.workdir import claim_work_dir, write_text_atomic
 from vitpose.errors import UserError
+from vitpose.files import write_atomic
 from vitpose.models import load_weights
 
 
@@ -84,13 +86,13 @@ def set_up(cfg: Config, config_path, resume: str | None, overwrite: bool, stop: 
     if ctx.is_main:  # one run per work dir; stale temp files of interrupted saves go
         closing.enter_context(claim_work_dir(work_dir, resume, overwrite))
     train_set, val_set, loaders = set_up_data(cfg, config_path, ctx, closing)
-    run = set_up_model(cfg, ctx, resume, loaders.train_batches_per_epoch)
+    skeleton = train_set.dataset_info  # K, flip pairs and OKS sigmas of the data
+    run = set_up_model(cfg, ctx, resume, loaders.train_batches_per_epoch, skeleton)
     if ctx.is_main:  # the config in force, next to the checkpoints (and in every checkpoint)
         text = yaml.safe_dump(cfg.to_dict(), sort_keys=False, default_flow_style=None)
         write_text_atomic(work_dir / "config.yaml", text)
         print(f"config {config_path} (resolved copy: {work_dir / 'config.yaml'}):\n{text}", end="")
     telemetry, watch = set_up_reporting(cfg, config_path, run, loaders, len(train_set), stop, closing)
-    skeleton = train_set.dataset_info  # K, flip pairs and OKS sigmas of the data
     evaluator = build_evaluator(cfg, skeleton) if ctx.is_main else None  # as MMPose scores data.dataset_info
     return Session(cfg, work_dir, run, loaders, loaders.train_batches_per_epoch, skeleton, build_codec(cfg.model),
                    evaluator, telemetry, watch)
@@ -120,10 +122,11 @@ def set_up_data(cfg: Config, config_path, ctx: D.DistContext, closing: ExitStack
     return train_set, val_set, loaders
 
 
-def set_up_model(cfg: Config, ctx: D.DistContext, resume: str | None, batches_per_epoch: int) -> TrainRun:
+def set_up_model(cfg: Config, ctx: D.DistContext, resume: str | None, batches_per_epoch: int,
+                 skeleton: DatasetInfo) -> TrainRun:
     """The model (with `model.pretrained` loaded), optimizer with its schedule, precision, and the
     position: resumed (the checkpoint must fit this config) before the model is wrapped for DDP."""
-    model = build_model_from_config(cfg.model)
+    model = build_model_from_config(cfg.model, skeleton)  # carries its ModelSpec into every checkpoint
     if cfg.model.pretrained:
         load_pretrained(model, cfg.model.pretrained, ctx.is_main)
     model.to(ctx.device)
@@ -309,10 +312,11 @@ def ensure_synthetic_data(cfg: Config) -> None:
     stamp = root / "synthetic.json"
     if stamp.is_file() and json.loads(stamp.read_text()) == want and not missing_data_files(cfg):
         return
+    claim_synthetic_root(root, want["train"])  # never into a folder of the user's: one line instead
     print(f"writing the synthetic set ({want['train']} training and {want['val']} validation images) to {root}")
     make_coco(root, want["train"], seed=want["seed"], split="train", dataset_info=info)
     make_coco(root, max(want["val"], 1), seed=want["seed"], split="val", dataset_info=info)
-    stamp.write_text(json.dumps(want))
+    write_atomic(stamp, json.dumps(want))
 
 
 
