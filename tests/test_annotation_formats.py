@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 from conftest import REPO
 
-from vitpose.cli import check_data
 from vitpose.cli import main as vitpose_main
 from vitpose.data.annotation_formats import (
     AnnotationFormatError,
@@ -161,8 +160,8 @@ def test_check_data_passes_on_an_imported_file(tmp_path, capsys):
     sets = ["data.train_ann=annotations/train.json", "data.val_ann=annotations/train.json",
             "data.train_images=images", "data.val_images=images", "data.dataset_info=annotations/train.json",
             "data.synthetic_train_images=0", "data.synthetic_val_images=0", "data.val_bbox_file=null"]
-    code = check_data.main(["--config", str(REPO / "configs" / "demo_k5.yaml"), "--data-root", str(root), "--all",
-                            *[a for s in sets for a in ("--set", s)]])
+    code = vitpose_main(["check-data", "--config", str(REPO / "configs" / "demo_k5.yaml"), "--data-root", str(root),
+                         "--all", *[a for s in sets for a in ("--set", s)]])
     report = capsys.readouterr().out
     assert code == 0, report
     assert "2 of 2 images decoded" in report and "0 error(s)" in report
