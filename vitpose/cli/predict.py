@@ -359,7 +359,7 @@ def predict_images(predictor, paths: list[Path], args, boxes: dict[int, np.ndarr
                         with timer.stage("draw"):
                             canvas = draw(image, poses, args.keypoint_threshold)
                         with timer.stage("write"):
-                            try:  # through a numpy buffer: any file name the OS allows (#18 item 4)
+                            try:  # through a numpy buffer: any file name the OS allows
                                 write_image(args.out / name, canvas)
                             except (OSError, ValueError) as e:
                                 unreadable.append(f"{path}: could not write {args.out / name} ({e})")
