@@ -66,6 +66,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=None, help="schedule.epochs")
     p.add_argument("--data-root", default=None, help="COCO root holding annotations/, train2017/, val2017/")
     p.add_argument("--work-dir", default=None, help="checkpoints, logs and the resolved config go here")
+    p.add_argument("--init", default=None, metavar="SOURCE",
+                   help="fine-tune from a pose model (model.init): a published name (vitpose-b), an HF repo id, a "
+                        "weights or checkpoint file; the backbone whole, the head by keypoint name")
+    p.add_argument("--init-expert", default=None, metavar="NAME",
+                   help="the expert (dataset) of a ViTPose+ --init source: coco, aic, mpii, ap10k, apt36k, "
+                        "coco_wholebody (model.init_expert)")
     p.add_argument("--resume", default=None, metavar="auto|PATH",
                    help="auto: the valid checkpoint in the work dir that records the most progress (fresh "
                         "start if none); or a file")
@@ -90,7 +96,8 @@ def flag_overrides(args) -> list[str]:
              ("loader.batch_size", args.batch_size), ("loader.num_workers", args.workers),
              ("schedule.epochs", args.epochs), ("data.root", args.data_root),
              ("train.work_dir", args.work_dir), ("train.seed", args.seed), ("train.device", args.device),
-             ("train.compile", True if args.compile else None)]
+             ("train.compile", True if args.compile else None), ("model.init", args.init),
+             ("model.init_expert", args.init_expert)]
     return [f"{key}={json.dumps(value)}" for key, value in pairs if value is not None]
 
 
@@ -178,6 +185,7 @@ def train(cfg, config_path: Path, resume: str | None, stop, overwrite: bool = Fa
     from vitpose.engine import distributed as D
     from vitpose.engine.checkpoint import prune_epoch_checkpoints, save_checkpoint
     from vitpose.engine.evaluate import predict
+    from vitpose.engine.finetune import apply_backbone_freeze, init_from_source
     from vitpose.engine.gpu_monitor import GpuMonitor
     from vitpose.engine.optim import build_optimizer
     from vitpose.engine.precision import resolve_precision
@@ -224,6 +232,8 @@ def train(cfg, config_path: Path, resume: str | None, stop, overwrite: bool = Fa
         model = build_model_from_config(cfg.model)
         if cfg.model.pretrained:
             load_pretrained(model, cfg.model.pretrained, is_main)
+        if cfg.model.init:  # fine-tuning: backbone from the source, head channels by keypoint name
+            init_from_source(model, cfg, skeleton, work_dir, is_main)
         model.to(ctx.device)
         accum = cfg.optim.accum_steps
         global_batch = cfg.loader.batch_size * ctx.world_size * accum
@@ -311,6 +321,8 @@ def train(cfg, config_path: Path, resume: str | None, stop, overwrite: bool = Fa
                     return EXIT_OK
             if state.epoch >= cfg.schedule.epochs:
                 break
+            if apply_backbone_freeze(model, state.epoch, cfg, telemetry.message):  # the epoch decides
+                run.train_model = D.wrap_model(torch.compile(model) if cfg.train.compile else model, ctx)
             end = train_one_epoch(run, loaders.train(state.epoch, start_batch=state.batch), state.epoch, cfg,
                                   batches_per_epoch, watch, save_last=lambda: save("last.pth"))
             if end is EpochEnd.DIVERGED:
