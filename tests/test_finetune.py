@@ -287,3 +287,23 @@ def test_fine_tuning_beats_random_init_at_equal_epochs(tmp_path):
     assert len(runs["init"]) == len(runs["scratch"]) == 2
     for epoch, (ft, scratch) in enumerate(zip(runs["init"], runs["scratch"]), 1):
         assert ft > scratch + 0.1, (epoch, runs)
+
+
+def test_synthetic_midpoint_keypoints(tmp_path):
+    """configs/demo_k7.yaml's new joints are the midpoints of COCO's shoulders / hips of the same
+    people (the COCO-17 set of the same seed), labelled only where both ends are."""
+    from vitpose.data.synthetic import make_coco
+
+    k7 = json.loads(make_coco(tmp_path / "k7", 3, seed=4, dataset_info=K7).ann_file.read_text())
+    coco = json.loads(make_coco(tmp_path / "coco", 3, seed=4).ann_file.read_text())
+    assert k7["categories"][0]["keypoints"] == list(K7.keypoint_names)
+    assert len(k7["annotations"]) == len(coco["annotations"]) > 0
+    for a, b in zip(k7["annotations"], coco["annotations"]):
+        ours, full = np.array(a["keypoints"]).reshape(7, 3), np.array(b["keypoints"]).reshape(17, 3)
+        for j, (left, right) in ((1, (5, 6)), (4, (11, 12))):
+            v = min(full[left, 2], full[right, 2])
+            assert ours[j, 2] == v
+            if v > 0:  # the COCO file rounds each end to 0.01 px
+                np.testing.assert_allclose(ours[j, :2], (full[left, :2] + full[right, :2]) / 2, atol=0.011)
+        for j, name in ((0, 0), (2, 9), (3, 10), (5, 15), (6, 16)):
+            np.testing.assert_array_equal(ours[j], full[name])
