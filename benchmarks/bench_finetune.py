@@ -39,6 +39,10 @@ def runs(source: str, freeze_epochs: int, lr: float) -> dict[str, list[str]]:
     }
 
 
+LABELS = {"scratch": "random init", "init": "--init COCO model", "frozen": "--init, backbone frozen 2 epochs",
+          "init-lr/4": "--init, LR / 4"}
+
+
 def eval_aps(work_dir: Path) -> list[float]:
     path = work_dir / "metrics.jsonl"
     if not path.is_file():
@@ -83,13 +87,13 @@ def plot(results: dict[str, list[float]], path: Path, title: str) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     for name, aps in results.items():
-        ax.plot(range(1, len(aps) + 1), aps, marker="o", label=name)
+        ax.plot(range(1, len(aps) + 1), aps, marker="o", label=LABELS.get(name, name))
     ax.set_xlabel("epoch")
-    ax.set_ylabel("AP (validation, GT boxes, flip test)")
+    ax.set_ylabel("AP (100 validation images, GT boxes, flip test)")
     ax.set_title(title, fontsize=9)
     ax.set_xticks(range(1, max(len(a) for a in results.values()) + 1))
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
@@ -114,7 +118,7 @@ def main(argv=None) -> int:
     results = {n: eval_aps(args.work_root / n.replace("/", "_"))[:args.epochs] for n in commands}
     print(f"trained in {time.time() - t0:.0f} s ({os.cpu_count()} CPUs)")
     print(table(results, sorted({1, 2, args.epochs})))
-    plot(results, args.plot, f"7-keypoint synthetic set (5 named as COCO's), 200 images; source {Path(args.source).name}")
+    plot(results, args.plot, "7 keypoints (5 named as COCO's), 200 synthetic training images")
     print(f"plot: {args.plot}")
     return 0
 
