@@ -307,3 +307,35 @@ def test_synthetic_midpoint_keypoints(tmp_path):
                 np.testing.assert_allclose(ours[j, :2], (full[left, :2] + full[right, :2]) / 2, atol=0.011)
         for j, name in ((0, 0), (2, 9), (3, 10), (5, 15), (6, 16)):
             np.testing.assert_array_equal(ours[j], full[name])
+
+
+def test_train_py_init_and_frozen_backbone_across_a_resume(tmp_path, capsys):
+    """train.py --init with train.freeze_backbone_epochs=1: the backbone is the source's after
+    steps of epoch 0, also after a stop and `--resume auto` inside epoch 0; it trains in epoch 1."""
+    import sys
+
+    sys.path.insert(0, str(REPO))
+    import train
+    from test_train_resume import tiny_args
+
+    from vitpose.engine.checkpoint import load_checkpoint
+
+    source_dir, work = tmp_path / "source", tmp_path / "k5"
+    assert train.main(tiny_args(tmp_path / "coco", source_dir, "--set", "train.stop_at_iteration=1")) == 0
+    k5 = ["--set", f"data.dataset_info={REPO / 'configs' / 'demo_k5_skeleton.yaml'}", "--set", "model.num_keypoints=5",
+          "--init", str(source_dir / "last.pth"), "--set", "train.freeze_backbone_epochs=1", "--epochs", "2"]
+    source = load_checkpoint(source_dir / "last.pth")["model"]
+
+    def backbone_is_the_sources():
+        model = load_checkpoint(work / "last.pth")["model"]
+        return all(torch.equal(model[n], source[n]) for n in model if n.startswith("backbone."))
+
+    assert train.main(tiny_args(tmp_path / "k5data", work, *k5, "--set", "train.stop_at_iteration=1")) == 0
+    assert backbone_is_the_sources() and (work / TABLE_FILE).is_file()
+    assert train.main(tiny_args(tmp_path / "k5data", work, *k5, "--resume", "auto",
+                                "--set", "train.stop_at_iteration=2")) == 0
+    assert load_checkpoint(work / "last.pth")["epoch"] == 0 and backbone_is_the_sources()
+    assert train.main(tiny_args(tmp_path / "k5data", work, *k5, "--resume", "auto")) == 0
+    assert load_checkpoint(work / "last.pth")["epoch"] == 2 and not backbone_is_the_sources()
+    out = capsys.readouterr().out
+    assert "epoch 0: backbone frozen" in out and "epoch 1: backbone unfrozen" in out
