@@ -23,8 +23,8 @@ the end); 2 for a usage error (unknown model, missing source, bad boxes file).
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import json
 import sys
 from pathlib import Path
 
@@ -50,7 +50,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("source", nargs="+",
                    help="images and directories of images, or one video file or webcam index (0, 1, ...)")
     p.add_argument("--model", default=DEFAULT_MODEL,
-                   help="a published name (vitpose.models.hub.list_models()) or a weights file (default: %(default)s)")
+                   help="a published name (vitpose.hub.list_models()) or a weights file (default: %(default)s)")
     p.add_argument("--config", default=None, help="training config of the weights (custom models); "
                    "without it the size and decoder are read from the file")
     p.add_argument("--detector", default=None,
@@ -61,6 +61,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="person boxes from a COCO detection results JSON (image_id, bbox xywh, score)")
     p.add_argument("--out", type=Path, default=None, help="directory for the drawn images (or video)")
     p.add_argument("--json", type=Path, default=None, help="write the COCO keypoint results here")
+    p.add_argument("--format", choices=("coco", "labelstudio", "cvat"), default="coco",
+                   help="--json layout: COCO results, or pre-annotations to correct in Label Studio (tasks with "
+                        "predictions) or CVAT (CVAT for images 1.1 XML); see docs/annotations.md (default: %(default)s)")
+    p.add_argument("--mark-below", type=float, default=0.3,
+                   help="labelstudio/cvat: keypoints scored below this are marked for checking, not dropped "
+                        "(default: %(default)s)")
     p.add_argument("--track", action="store_true", help="video: stable person ids (track_id)")
     p.add_argument("--smooth", action="store_true", help="video: One-Euro filter on the keypoints")
     p.add_argument("--no-flip", action="store_true", help="skip the flip test (about 2x faster)")
@@ -183,10 +189,41 @@ def coco_results(poses, image_id: int, file_name: str) -> list[dict]:
 
 def write_json(records: list[dict], path: Path) -> None:
     """Write atomically: a crash never leaves a half-written results file behind."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(records))
-    os.replace(tmp, path)
+    from vitpose.files import write_atomic
+
+    write_atomic(path, json.dumps(records))
+
+
+def write_results(results: list[dict], sizes: dict, args, predictor) -> None:
+    """`--json` in `--format`: COCO results, or pre-annotations (vitpose/data/annotation_formats.py)."""
+    fmt = getattr(args, "format", "coco")
+    if fmt == "coco":
+        write_json(results, args.json)
+        return
+    from vitpose.data import annotation_formats
+    from vitpose.data.metainfo import dataset_info
+
+    skeleton = getattr(predictor, "skeleton", None)
+    if skeleton is None:  # the keypoint names: the config's skeleton, else COCO's
+        from vitpose.builders import build_dataset_info
+        from vitpose.config import load_config
+
+        skeleton = build_dataset_info(load_config(args.config)) if args.config else dataset_info("coco")
+    K = len(results[0]["keypoints"]) // 3 if results else skeleton.num_keypoints
+    if K != skeleton.num_keypoints:
+        raise UsageError(f"--format {fmt}: the model predicts {K} keypoints but the skeleton {skeleton.name!r} "
+                         f"names {skeleton.num_keypoints}; give the model's training config with --config")
+    records = [{**r, "width": sizes[r["file_name"]][0], "height": sizes[r["file_name"]][1]} for r in results]
+    if fmt == "labelstudio":
+        text = json.dumps(annotation_formats.to_labelstudio_tasks(records, skeleton.keypoint_names,
+                                                                  mark_below=args.mark_below), indent=1)
+    else:
+        text = annotation_formats.to_cvat_xml(records, skeleton.keypoint_names, skeleton.skeleton,
+                                              mark_below=args.mark_below)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.json.with_name(args.json.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, args.json)
 
 
 def draw(image_bgr: np.ndarray, poses, keypoint_threshold: float) -> np.ndarray:
@@ -228,11 +265,9 @@ def build_predictor(args):
 def run(args) -> int:
     """`vitpose predict`; returns the exit status (errors about the user's input: one line, 2)."""
     from vitpose.config import ConfigError
-    from vitpose.models.hub import DownloadError, UnknownModelError
-    from vitpose.models.checkpoint import CheckpointError
+    from vitpose.errors import UserError  # load_model's errors (names, downloads, files, specs) are UserErrors
 
-    expected = (UsageError, UnknownModelError, DownloadError, CheckpointError, ConfigError, FileNotFoundError,
-                NotImplementedError)
+    expected = (UsageError, UserError, ConfigError, FileNotFoundError)
     try:
         return _run(args)
     except expected as e:
@@ -246,6 +281,10 @@ def _run(args) -> int:
     if args.batch_images < 1 or args.batch_size < 1:
         raise UsageError("--batch-images and --batch-size must be >= 1")
     videos = [s for s in args.source if is_webcam(s) or is_video_file(Path(s).expanduser())]
+    if getattr(args, "format", "coco") != "coco" and args.json is None:
+        raise UsageError(f"--format {args.format} writes pre-annotations to --json FILE; give --json")
+    if videos and getattr(args, "format", "coco") != "coco":
+        raise UsageError(f"--format {args.format} writes pre-annotations of images; a video takes --format coco")
     if videos and len(args.source) > 1:
         raise UsageError(f"a video or webcam ({videos[0]}) must be the only SOURCE")
     paths = [] if videos else list_images([str(Path(s).expanduser()) for s in args.source])
@@ -271,11 +310,11 @@ def _run(args) -> int:
 
 def predict_images(predictor, paths: list[Path], args, boxes: dict[int, np.ndarray] | None) -> int:
     """Poses of image files, `args.batch_images` at a time; results, drawings and the summary."""
-    import cv2
     from tqdm import tqdm
 
     from vitpose.data.errors import DataError
     from vitpose.data.image_io import load_image
+    from vitpose.files import write_image
 
     timer = predictor.timer
     timer.reset()
@@ -289,6 +328,7 @@ def predict_images(predictor, paths: list[Path], args, boxes: dict[int, np.ndarr
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
     results, unreadable, people, nobody, done = [], [], 0, 0, 0
+    sizes = {}  # file name -> (width, height), for the pre-annotation formats
     empty = np.zeros((0, 5), np.float32)
     with tqdm(total=len(paths), unit="img", desc="predict", dynamic_ncols=True, file=sys.stderr) as bar:
         for start in range(0, len(paths), args.batch_images):
@@ -310,19 +350,22 @@ def predict_images(predictor, paths: list[Path], args, boxes: dict[int, np.ndarr
                     all_poses = predictor(images, boxes=given, box_format="xywh", channels="bgr")
                 for (path, image_id, name), image, poses in zip(kept, images, all_poses):
                     results += coco_results(poses, image_id, path.name)
+                    sizes[path.name] = (image.shape[1], image.shape[0])
                     people += len(poses)
                     nobody += len(poses) == 0
                     if args.out is not None:
                         with timer.stage("draw"):
                             canvas = draw(image, poses, args.keypoint_threshold)
                         with timer.stage("write"):
-                            if not cv2.imwrite(str(args.out / name), canvas):
-                                unreadable.append(f"{path}: could not write {args.out / name}")
+                            try:  # through a numpy buffer: any file name the OS allows (#18 item 4)
+                                write_image(args.out / name, canvas)
+                            except (OSError, ValueError) as e:
+                                unreadable.append(f"{path}: could not write {args.out / name} ({e})")
                 done += len(images)
             bar.update(len(chunk))
     if args.json is not None:
         with timer.stage("write"):
-            write_json(results, args.json)
+            write_results(results, sizes, args, predictor)
     print_summary(timer, done, people, nobody, unreadable, args)
     return EXIT_SKIPPED if unreadable else EXIT_OK
 

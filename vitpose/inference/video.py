@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 from vitpose.data.transforms import crop_geometry
+from vitpose.files import write_atomic
 from vitpose.topdown import forward_heatmaps, heatmaps_to_keypoints
 from vitpose.inference.tracking import KeypointSmoother, Tracker
 from vitpose.inference.draw import draw_pose
@@ -577,11 +578,7 @@ class _Writer:
                 self.video.release()
         if self.records is not None:
             with self.timer.time("write"):
-                path = Path(self.summary.json_path)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_name(path.name + ".tmp")
-                tmp.write_text(json.dumps(self.records))
-                os.replace(tmp, path)
+                write_atomic(self.summary.json_path, json.dumps(self.records))
         if self.tracker is not None and self.report_ids:
             self.summary.tracks = self.tracker.next_id
 
