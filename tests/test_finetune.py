@@ -21,8 +21,7 @@ from vitpose.data.metainfo import dataset_info
 from vitpose.engine.finetune import TABLE_FILE, apply_backbone_freeze, init_from_source, read_init_source
 from vitpose.models.checkpoint import CheckpointError, load_weights, save_weights
 from vitpose.models.hub import ModelInfo
-from vitpose.models.transfer import (BackboneMismatchError, head_channel_map, resample_pos_embed,
-                                     transfer_weights)
+from vitpose.models.transfer import BackboneMismatchError, head_channel_map, resample_pos_embed, transfer_weights
 from vitpose.models.vit import resize_pos_embed
 from vitpose.models.vitpose import build_model
 
@@ -100,10 +99,12 @@ def test_keypoint_map_covers_renamed_joints(tmp_path):
 
 def test_training_checkpoint_gives_its_skeleton_names(tmp_path):
     """A train.py checkpoint of a K=7 run initialises a K=5 model by the names in its config."""
+    from vitpose.builders import skeleton_data
+    from vitpose.models.spec import METADATA_KEY, spec_of_model
+
     source = randomise(tiny(7, 0), 3)
-    payload = {"model": source.state_dict(), "epoch": 3,
-               "config": {"data": {"dataset_info": str(REPO / "configs" / "demo_k7_skeleton.yaml")},
-                          "model": {"input_size": [96, 128]}}}
+    payload = {"model": source.state_dict(), "epoch": 3,  # what train.py's checkpoint_payload records
+               METADATA_KEY: spec_of_model(source, skeleton=skeleton_data(K7)).to_dict()}
     torch.save(payload, tmp_path / "last.pth")
     init = read_init_source(str(tmp_path / "last.pth"))
     assert init.keypoint_names == K7.keypoint_names and init.grid == (8, 6)
@@ -127,8 +128,7 @@ def test_backbone_that_does_not_fit_names_the_dimension(tmp_path):
 
 def test_position_embedding_of_another_grid_is_resampled(tmp_path):
     source = randomise(tiny(17, 0, img_size=(64, 48)), 1)  # a 4x3 grid; the target has 8x6
-    path = tmp_path / "small_input.pth"
-    torch.save({"state_dict": source.state_dict()}, path)  # an MMPose-style wrapped .pth
+    path = save_weights(source, tmp_path / "small_input.safetensors")
     target = tiny(7, 2)
     report = init_from_source(target, cfg_for(path), K7, None)
     assert any("resampled from a 4x3 to a 8x6 patch grid" in n for n in report.notes)
@@ -165,10 +165,15 @@ def test_vitpose_plus_file_with_an_expert(tmp_path, layout, expert, names):
 
     info = json.loads((REPO / "tests" / "fixtures" / "vitpose_plus_tiny.json").read_text())
     hf = hf_weights(info["spec"], info["seed"])
+    from vitpose.models.spec import METADATA_KEY, spec_of_model
+
     weights = hf if layout == "hf" else official_from_hf(hf)
     path = tmp_path / f"plus_{layout}.safetensors"
-    save_file({n: v for n, v in weights.items()}, str(path))
     names = names or dataset_info(expert).keypoint_names
+    # A 64-d ViT is no published size, so the file says what it is (as this project's files do);
+    # the mixture of experts, the expert's head and its skeleton are the loader's to find.
+    spec = spec_of_model(plus_model(len(names))).to_json()
+    save_file({n: v for n, v in weights.items()}, str(path), metadata={METADATA_KEY: spec})
     reference = plus_model(len(names))  # the expert as load_weights gives it
     load_weights(reference, path, expert=expert)
     target = plus_model(7)
@@ -315,9 +320,9 @@ def test_train_py_init_and_frozen_backbone_across_a_resume(tmp_path, capsys):
     import sys
 
     sys.path.insert(0, str(REPO))
-    import train
     from test_train_resume import tiny_args
 
+    import train
     from vitpose.engine.checkpoint import load_checkpoint
 
     source_dir, work = tmp_path / "source", tmp_path / "k5"
