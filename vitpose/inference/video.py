@@ -51,7 +51,8 @@ from vitpose.inference.pipeline import VIDEO_SUFFIXES, ResultsFile, coco_records
 from vitpose.inference.results import Poses
 from vitpose.inference.tracking import KeypointSmoother, Tracker
 
-__all__ = ["FrameReader", "VideoError", "VideoSummary", "open_video_writer", "run_video"]
+__all__ = ["FrameReader", "VideoError", "VideoSummary", "check_video_file", "open_video_writer", "output_video_path",
+           "run_video"]
 
 STAGES = ("decode", "detect", "crop", "pose", "decode heatmaps", "track", "draw", "write")
 DEFAULT_FPS = 30.0  # for cameras that do not say their rate
@@ -91,7 +92,7 @@ class FrameReader:
         self.source = source
         self.name = f"webcam {source}" if self.webcam else str(source)
         if not self.webcam:
-            _check_video_file(Path(source))
+            check_video_file(Path(source))
         self.capture = cv2.VideoCapture(source if self.webcam else str(source))
         if not self.capture.isOpened():
             self.capture.release()
@@ -111,8 +112,12 @@ class FrameReader:
         self.wrong_size: list[int] = []
         self.missing_at_end = 0
         self.frames_decoded = 0
-        self.stop = stop if stop is not None else threading.Event()
+        self.stop = threading.Event()  # the pipeline's own: set when it ends, whatever the reason
+        self.requested = stop  # the caller's (a signal): the run was interrupted
         self.decode_seconds = 0.0
+
+    def _stopped(self) -> bool:
+        return self.stop.is_set() or (self.requested is not None and self.requested.is_set())
 
     def _expected_more(self, index: int) -> bool:
         return self.frame_count is None or index < self.frame_count
@@ -120,7 +125,7 @@ class FrameReader:
     def __iter__(self):
         index, pending = 0, []  # pending: consecutive failed reads not yet known to be corrupt
         try:
-            while not self.stop.is_set():
+            while not self._stopped():
                 start = time.perf_counter()
                 ok, bgr = self.capture.read()
                 good = ok and bgr is not None and bgr.ndim == 3 and bgr.shape[2] == 3
@@ -146,14 +151,14 @@ class FrameReader:
         finally:
             # Failed reads at the end are the end of the video; those before the declared count
             # are frames the file promised and did not give.
-            if self.frame_count is not None and not self.stop.is_set():
+            if self.frame_count is not None and not self._stopped():
                 self.missing_at_end = max(0, self.frame_count - (self.frames_decoded + len(self.skipped)))
             self.capture.release()
 
 
 
 
-def _check_video_file(path: Path) -> None:
+def check_video_file(path: Path) -> None:
     """A missing, unreadable or empty file: one line before OpenCV sees it."""
     if not path.exists():
         raise VideoError(f"video not found: {path}")
@@ -467,8 +472,8 @@ def run_video(predictor, source, args, stop: threading.Event | None = None) -> V
     except KeyboardInterrupt:
         summary.interrupted = True
     finally:
-        reader.stop.set()
         summary.interrupted = summary.interrupted or (stop is not None and stop.is_set())
+        reader.stop.set()  # ends the reader thread (and a camera) whatever happened
         if progress is not None:
             progress.close()
         writer.close(completed=not summary.interrupted)
