@@ -161,11 +161,11 @@ def refuse(*a, **k):
     raise OSError("network disabled")
 socket.socket.connect = refuse
 socket.create_connection = refuse
-import vitpose  # `vitpose.models.hub` as users write it
+import vitpose  # `vitpose.hub` as users write it
 out = {}
 for name in sys.argv[1:]:
     try:
-        out[name] = ["ok", str(vitpose.models.hub.download(name, progress=False))]
+        out[name] = ["ok", str(vitpose.hub.download(name, progress=False))]
     except Exception as e:
         out[name] = [type(e).__name__, str(e)]
 print(json.dumps(out))

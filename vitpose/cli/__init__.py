@@ -18,6 +18,7 @@ def _standalone():
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from vitpose.cli import import_annotations
     from vitpose.cli import predict as predict_cli
     from vitpose.inference import export
 
@@ -25,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     predict_cli.add_parser(subparsers)
     export.add_parser(subparsers)
+    import_annotations.add_parser(subparsers)
     for name in _standalone():
         subparsers.add_parser(name, add_help=False)
     return parser

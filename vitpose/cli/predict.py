@@ -33,6 +33,7 @@ counted, skipped and named at the end); 2 nothing done (usage, model, outputs); 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -62,7 +63,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("source", nargs="+",
                    help="images and directories of images, or one video file or webcam index (0, 1, ...)")
     p.add_argument("--model", default=DEFAULT_MODEL,
-                   help="a published name (vitpose.models.hub.list_models()) or a weights file (default: %(default)s)")
+                   help="a published name (vitpose.hub.list_models()) or a weights file (default: %(default)s)")
     p.add_argument("--config", default=None, help="training config of the weights (custom models); "
                    "without it the size and decoder are read from the file")
     p.add_argument("--detector", default=None,
@@ -77,6 +78,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--json-array", action="store_true",
                    help="--json as one JSON list written at the end (images and video files, not webcams)")
     p.add_argument("--resume", action="store_true", help="continue --json: skip the images or frames it holds")
+    p.add_argument("--format", choices=("coco", "labelstudio", "cvat"), default="coco",
+                   help="--json layout: COCO results, or pre-annotations to correct in Label Studio (tasks with "
+                        "predictions) or CVAT (CVAT for images 1.1 XML); see docs/annotations.md (default: %(default)s)")
+    p.add_argument("--mark-below", type=float, default=0.3,
+                   help="labelstudio/cvat: keypoints scored below this are marked for checking, not dropped "
+                        "(default: %(default)s)")
     p.add_argument("--track", action="store_true", help="video: stable person ids (track_id)")
     p.add_argument("--smooth", action="store_true", help="video: One-Euro filter on the keypoints")
     p.add_argument("--no-flip", action="store_true", help="skip the flip test (about 2x faster)")
@@ -259,6 +266,10 @@ def _check_flags(args) -> None:
         raise UsageError(f"--detector-threshold must be in [0, 1], got {args.detector_threshold}")
     if not 0.0 <= args.keypoint_threshold <= 1.0:
         raise UsageError(f"--keypoint-threshold must be in [0, 1], got {args.keypoint_threshold}")
+    if args.format != "coco" and args.json is None:
+        raise UsageError(f"--format {args.format} writes pre-annotations to --json FILE; give --json")
+    if args.format != "coco" and args.resume:
+        raise UsageError(f"--resume continues COCO JSON Lines; --format {args.format} writes one whole file")
     if args.boxes is not None and args.detector not in (None, "none"):
         raise UsageError("--boxes gives the person boxes: leave out --detector (or say --detector none)")
     if args.boxes is None and args.detector == "none":
@@ -291,6 +302,8 @@ def _run(args) -> int:
     streams = [s for s, kind in zip(args.source, kinds) if kind in ("video", "webcam")]
     if streams and len(args.source) > 1:
         raise UsageError(f"a video or webcam ({streams[0]}) must be the only SOURCE")
+    if streams and args.format != "coco":
+        raise UsageError(f"--format {args.format} writes pre-annotations of images; a video takes --format coco")
     if streams:
         source = int(streams[0]) if kinds[0] == "webcam" else Path(streams[0]).expanduser()
         if kinds[0] == "webcam" and args.json_array:
@@ -335,7 +348,9 @@ class _ImageRun:
         self.predictor, self.args = predictor, args
         self.ids, _ = image_ids(names)
         self.results = None
-        if args.json is not None:
+        if args.json is not None and getattr(args, "format", "coco") != "coco":
+            self.results = ResultsFile(args.json, "file_name", array=True, render=_annotation_writer(args, predictor))
+        elif args.json is not None:
             self.results = ResultsFile(args.json, "file_name", array=args.json_array, resume=args.resume)
         self.failed: list[str] = []
         self.people = self.nobody = self.done = 0
@@ -360,7 +375,10 @@ class _ImageRun:
         timer = self.predictor.timer
         if self.results is not None:
             with timer.stage("write"):
-                self.results.write(*coco_records(poses, image_id=image_id, file_name=name))
+                records, nonfinite = coco_records(poses, image_id=image_id, file_name=name)
+                if getattr(self.args, "format", "coco") != "coco":  # the pre-annotation formats need the size
+                    records = [{**r, "width": image.shape[1], "height": image.shape[0]} for r in records]
+                self.results.write(records, nonfinite)
         self.people += len(poses)
         self.nobody += len(poses) == 0
         self.done += 1
@@ -414,6 +432,27 @@ def predict_images(predictor, paths: list[Path], args, boxes=(None, None), stop=
     if interrupted:
         return EXIT_INTERRUPTED
     return EXIT_FAILED if state.failed else EXIT_OK
+
+
+def _annotation_writer(args, predictor):
+    """records -> the text of `--format labelstudio | cvat` (vitpose/data/annotation_formats.py)."""
+    from vitpose.data import annotation_formats
+    from vitpose.data.metainfo import dataset_info
+
+    skeleton = getattr(predictor, "skeleton", None) or dataset_info("coco")
+
+    def render(records: list[dict]) -> str:
+        K = len(records[0]["keypoints"]) // 3 if records else skeleton.num_keypoints
+        if K != skeleton.num_keypoints:
+            raise UsageError(f"--format {args.format}: the model predicts {K} keypoints but the skeleton "
+                             f"{skeleton.name!r} names {skeleton.num_keypoints}; give the model's training config "
+                             f"with --config")
+        if args.format == "labelstudio":
+            return json.dumps(annotation_formats.to_labelstudio_tasks(records, skeleton.keypoint_names,
+                                                                      mark_below=args.mark_below), indent=1)
+        return annotation_formats.to_cvat_xml(records, skeleton.keypoint_names, skeleton.skeleton,
+                                              mark_below=args.mark_below)
+    return render
 
 
 def _boxes_of(table, key: str, name: str, image_id: int) -> np.ndarray:

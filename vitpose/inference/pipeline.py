@@ -359,7 +359,8 @@ def read_records(path) -> list:
 
 class ResultsFile:
     """`--json`: records streamed as JSON Lines (each item's records in one flushed write), or one
-    JSON array written at the end (`array=True`, bounded inputs only).
+    JSON array written at the end (`array=True`, bounded inputs only; `render` turns the records
+    into another whole-file format).
 
     An existing file is replaced only when the run completes (`close(completed=True)`): until then
     the records go to `<name>.partial` beside it. A new file is written in place, so an
@@ -368,8 +369,9 @@ class ResultsFile:
     (`done`: their `file_name` or `frame`) are skipped.
     """
 
-    def __init__(self, path, key: str, array: bool = False, resume: bool = False):
+    def __init__(self, path, key: str, array: bool = False, resume: bool = False, render=None):
         self.path, self.key, self.array = Path(path), key, array
+        self.render = render  # array files: records -> text (default: a JSON list)
         self.done: set = set()
         self.records: list[dict] = []
         self.nonfinite = 0
@@ -420,7 +422,8 @@ class ResultsFile:
         """Finish the file; returns where the results are (the `.partial` file if not replaced)."""
         if self.array:
             tmp = self.target.with_name(self.target.name + ".tmp")
-            tmp.write_text(json.dumps(self.records, allow_nan=False), encoding="utf-8")
+            text = self.render(self.records) if self.render else json.dumps(self.records, allow_nan=False)
+            tmp.write_text(text, encoding="utf-8")
             os.replace(tmp, self.target)
         else:
             self.file.close()

@@ -99,7 +99,7 @@ class Predictor(TopDown):
     @classmethod
     def from_pretrained(cls, name_or_path, detector="default", device=None, config=None, expert: str | None = None,
                         detector_threshold: float | None = None, **kwargs) -> Predictor:
-        """A Predictor for published weights by name (`vitpose.models.hub.list_models()`) or a weights file.
+        """A Predictor for published weights by name (`vitpose.hub.list_models()`) or a weights file.
 
         Args:
             name_or_path: e.g. "vitpose-b-simple" (downloaded once, then cached), or a path to

@@ -170,7 +170,7 @@ def download(name_or_path: str | os.PathLike, progress: bool = True, check_hash:
     text = str(name_or_path)
     if text not in MODELS and _looks_like_path(text):
         raise FileNotFoundError(f"weights file not found: {text} (and it is not a model name; see "
-                                f"vitpose.models.hub.list_models())")
+                                f"vitpose.hub.list_models())")
     info = lookup(text)
     if info.source == "huggingface":
         return _download_hf(info)
@@ -191,7 +191,7 @@ def _download_torch_hub(info: ModelInfo, progress: bool, check_hash: bool) -> Pa
     if target.is_file():
         return target  # checked when it was downloaded, as torch.hub does
     how = (f"fetch {info.location} into {target} once with network access, e.g. "
-           f"`vitpose.models.hub.download({info.name!r})` or `curl -L --create-dirs -o {target} {info.location}`")
+           f"`vitpose.hub.download({info.name!r})` or `curl -L --create-dirs -o {target} {info.location}`")
     if is_offline():
         raise DownloadError(f"{info.name} is not in the torch.hub cache and HF_HUB_OFFLINE is set: {how}")
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -223,7 +223,7 @@ def _download_hf(info: ModelInfo) -> Path:
         raise DownloadError(
             f"{info.name} ({info.location}/{HF_FILENAME}) is not in the Hugging Face cache "
             f"({constants.HF_HUB_CACHE}) and {reason}. Fetch it once with network access: "
-            f"`hf download {info.location} {HF_FILENAME}` or `vitpose.models.hub.download({info.name!r})`; "
+            f"`hf download {info.location} {HF_FILENAME}` or `vitpose.hub.download({info.name!r})`; "
             f"then offline runs (HF_HUB_OFFLINE=1) find it. ({type(e).__name__})") from None
     except HfHubHTTPError as e:
         raise DownloadError(f"{info.name}: the Hub refused {info.location}/{HF_FILENAME}: {e}") from None
