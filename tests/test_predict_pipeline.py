@@ -183,12 +183,17 @@ def test_outputs_are_checked_before_the_model_loads(tmp_path, capsys, flag, targ
     assert code == 2 and err.count("\n") == 1 and f"error: {flag} " in err and message in err, err
 
 
-def test_an_existing_json_is_replaced_only_when_the_run_completes(tmp_path, tiny, capsys):
+def test_an_existing_json_is_replaced_only_when_the_run_completes(tmp_path, tiny, capsys, monkeypatch):
     old = tmp_path / "poses.jsonl"
     old.write_text('{"kept": true}\n')
     code, _, err = cli(tmp_path, tiny, tmp_path / "typo.png", "--detector", "full-frame", "--json", old, capsys=capsys)
     assert code == 2 and "source not found" in err and old.read_text() == '{"kept": true}\n'
     write_images(tmp_path / "imgs", ["a.png", "b.png"])
+    with_detector(tiny, SignalOnCall(signal.SIGINT, 1), monkeypatch)
+    code, _, err = cli(tmp_path, tiny, tmp_path / "imgs", "--json", old, "--batch-images", 1, capsys=capsys)
+    assert code == 130 and old.read_text() == '{"kept": true}\n' and "poses.jsonl is unchanged" in err, err
+    assert [r["file_name"] for r in strict_records(tmp_path / "poses.jsonl.partial")] == ["a.png"]
+    monkeypatch.undo()
     code, _, _ = cli(tmp_path, tiny, tmp_path / "imgs", "--detector", "full-frame", "--json", old, capsys=capsys)
     assert code == 0 and [r["file_name"] for r in strict_records(old)] == ["a.png", "b.png"]
     assert not (tmp_path / "poses.jsonl.partial").exists()
@@ -277,21 +282,19 @@ def test_sigterm_on_a_video_closes_a_playable_file(tmp_path, tiny, clip, capsys,
 
 
 def test_one_bad_image_costs_one_image(tmp_path, tiny, capsys, monkeypatch):
-    """A detector that fails on one image's pixels (a 1x500 strip): the others are done, it is named."""
-    paths = write_images(tmp_path / "imgs", ["a.png", "c.png"])
+    """A 1x500 strip among photos: torchvision's detector (random weights: nothing downloads)
+    raises on it; the other images are done, the strip is named, exit 1."""
+    from vitpose.inference.detect import build_detector
+
+    write_images(tmp_path / "imgs", ["a.png", "c.png"])
     cv2.imwrite(str(tmp_path / "imgs" / "b.png"), np.zeros((1, 500, 3), np.uint8))
-
-    def fails_on_strips(images, channels="rgb"):
-        if any(min(image.shape[:2]) < 2 for image in images):
-            raise RuntimeError("cannot detect in a 1-pixel strip")
-        return FullFrame()(images, channels)
-
-    with_detector(tiny, fails_on_strips, monkeypatch)
+    torch.manual_seed(0)
+    with_detector(tiny, build_detector("fasterrcnn-mobilenet-v3-large-fpn", pretrained=False), monkeypatch)
     out = tmp_path / "r.jsonl"
     code, printed, err = cli(tmp_path, tiny, tmp_path / "imgs", "--json", out, capsys=capsys)
-    assert code == 1 and "2 images, 2 people" in printed
-    assert "1 images skipped" in err and "b.png: RuntimeError: cannot detect in a 1-pixel strip" in err
-    assert [r["file_name"] for r in strict_records(out)] == ["a.png", "c.png"] and len(paths) == 2
+    assert code == 1 and printed.startswith("2 images, "), printed
+    assert "1 images skipped" in err and "b.png: RuntimeError: " in err, err
+    assert {r["file_name"] for r in strict_records(out)} <= {"a.png", "c.png"}
 
 
 def test_video_inputs_are_one_line(tmp_path, tiny, clip, capsys):

@@ -490,9 +490,11 @@ def print_summary(state: _ImageRun, resumed: int, json_path, interrupted: bool, 
               f"and are written as null", file=sys.stderr)
     if interrupted:
         why = stop.signal_name if stop is not None and stop.signal_name else "the user"
-        print(f"vitpose predict: interrupted by {why} after {state.done} images"
-              + ("; run again with --resume to finish --json" if state.args.json is not None else ""),
-              file=sys.stderr)
+        if json_path is not None and Path(json_path) != Path(state.args.json):
+            hint = f"; {state.args.json} is unchanged, this run's results so far are in {json_path}"
+        else:
+            hint = "; run again with --resume to finish --json" if state.args.json is not None else ""
+        print(f"vitpose predict: interrupted by {why} after {state.done} images{hint}", file=sys.stderr)
     if state.failed:
         print(f"vitpose predict: {len(state.failed)} images skipped (missing, unreadable or failed) or not written:",
               file=sys.stderr)

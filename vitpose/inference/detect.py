@@ -92,7 +92,7 @@ class PersonDetector:
     def __init__(self, model: torch.nn.Module, score_threshold: float = DEFAULT_SCORE_THRESHOLD, device=None,
                  batch_size: int = 8, person_label: int = PERSON_LABEL):
         if not 0.0 <= score_threshold <= 1.0:
-            raise ValueError(f"the person score threshold (--detector-threshold) must be in [0, 1], "
+            raise ValueError(f"score_threshold (vitpose predict --detector-threshold) must be in [0, 1], "
                              f"got {score_threshold}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")

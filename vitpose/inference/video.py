@@ -253,8 +253,10 @@ class VideoSummary:
         if self.resumed_from:
             lines.append(f"  resumed: frames before {self.resumed_from} were already in {self.json_path}")
         if self.interrupted:
+            partial = bool(self.json_path) and self.json_path.endswith(".partial")
             lines.append(f"  interrupted: stopped by the user after {self.frames_done} frames"
-                         + ("; run again with --resume to finish the JSON" if self.json_path else ""))
+                         + ("; the results so far are in " + self.json_path + " (the earlier file is unchanged)"
+                            if partial else "; run again with --resume to finish the JSON" if self.json_path else ""))
         lines += [f"  {note}" for note in self.notes]
         if self.video_path:
             lines.append(f"  wrote {self.video_path} ({self.frames_written} frames at {self.fps:g} frames/s)")
