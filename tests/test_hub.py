@@ -330,8 +330,7 @@ def test_from_pretrained_by_name_from_the_hf_cache(caches, monkeypatch, small_si
 
 
 def test_plus_names_need_expert_support(caches, monkeypatch):
-    """ViTPose+ files load one expert through load_weights(..., expert=) (issue 11); until that
-    exists the message says so and names the issue."""
+    """ViTPose+ files load one expert through load_weights(..., expert=)."""
     _, hf_cache = caches
     fill_hf_cache(hf_cache, "usyd-community/vitpose-plus-small", b"not read here")
     import vitpose.models.checkpoint as checkpoint
@@ -339,13 +338,6 @@ def test_plus_names_need_expert_support(caches, monkeypatch):
 
     build = models.build_model
     monkeypatch.setattr(models, "build_model", lambda *a, **k: build(*a, **k, depth=1))  # fast: one block
-
-    def without_expert(model, source, strict=True):
-        raise AssertionError("a ViTPose+ file loaded without choosing an expert")
-
-    monkeypatch.setattr(checkpoint, "load_weights", without_expert)
-    with pytest.raises(NotImplementedError, match="issue #11"):
-        vitpose.Predictor.from_pretrained("vitpose-plus-s", detector=None, device="cpu")
 
     calls = []
 

@@ -282,12 +282,12 @@ def test_sigterm_on_a_video_closes_a_playable_file(tmp_path, tiny, clip, capsys,
 
 
 def test_one_bad_image_costs_one_image(tmp_path, tiny, capsys, monkeypatch):
-    """A 1x500 strip among photos: torchvision's detector (random weights: nothing downloads)
+    """A 1x5000 strip among photos (#18 item 8): torchvision's detector (random weights: nothing downloads)
     raises on it; the other images are done, the strip is named, exit 1."""
     from vitpose.inference.detect import build_detector
 
     write_images(tmp_path / "imgs", ["a.png", "c.png"])
-    cv2.imwrite(str(tmp_path / "imgs" / "b.png"), np.zeros((1, 500, 3), np.uint8))
+    cv2.imwrite(str(tmp_path / "imgs" / "b.png"), np.zeros((1, 5000, 3), np.uint8))
     torch.manual_seed(0)
     with_detector(tiny, build_detector("fasterrcnn-mobilenet-v3-large-fpn", pretrained=False), monkeypatch)
     out = tmp_path / "r.jsonl"
@@ -348,3 +348,24 @@ def test_api_conveniences_and_flag_names(tmp_path, tiny, capsys):
     write_images(tmp_path / "imgs", ["a.png"])
     code, _, err = cli(tmp_path, tiny, tmp_path / "imgs", "--detector-threshold", 1.5, capsys=capsys)
     assert code == 2 and "--detector-threshold must be in [0, 1], got 1.5" in err
+
+
+def test_results_file_keeps_nothing_in_memory_and_resumes_after_a_torn_line(tmp_path):
+    """JSON Lines: records go to the file, not to memory (a webcam runs for hours); a run killed
+    in the middle of a line is continued from the last whole item, which is done again."""
+    from vitpose.inference.pipeline import ResultsFile
+
+    path = tmp_path / "r.jsonl"
+    results = ResultsFile(path, "frame")
+    for f in range(1000):
+        results.write([{"frame": f, "person": 0}, {"frame": f, "person": 1}])
+    assert results.records == [] and results.count == 2000
+    results.close(completed=False)
+    with open(path, "a") as f:
+        f.write('{"frame": 1000, "per')  # killed mid-write
+    again = ResultsFile(path, "frame", resume=True)
+    assert again.done == set(range(999))  # frame 999 may have been incomplete: done again
+    again.write([{"frame": 999, "person": 0}, {"frame": 999, "person": 1}])
+    again.close(completed=True)
+    frames = [r["frame"] for r in strict_records(path)]
+    assert len(frames) == 2000 and frames[-4:] == [998, 998, 999, 999]
