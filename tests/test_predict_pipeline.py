@@ -22,6 +22,7 @@ from test_evaluate import tiny_model, write_config
 import vitpose
 from vitpose.cli import main
 from vitpose.cli import predict as predict_cli
+from vitpose.errors import UserError
 from vitpose.evaluation.coco_evaluator import CocoEvaluator
 from vitpose.inference import export as E
 from vitpose.inference.pipeline import coco_records, read_records
@@ -369,3 +370,8 @@ def test_results_file_keeps_nothing_in_memory_and_resumes_after_a_torn_line(tmp_
     again.close(completed=True)
     frames = [r["frame"] for r in strict_records(path)]
     assert len(frames) == 2000 and frames[-4:] == [998, 998, 999, 999]
+    listed = tmp_path / "list.json"
+    listed.write_text(json.dumps([{"frame": 0}]))
+    with pytest.raises(UserError, match="is one JSON list; --resume continues JSON Lines"):
+        ResultsFile(listed, "frame", resume=True)
+    assert json.loads(listed.read_text()) == [{"frame": 0}]  # untouched

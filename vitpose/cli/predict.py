@@ -313,7 +313,8 @@ def _run(args) -> int:
 
             check_video_file(source)
         check_outputs(args, [] if kinds[0] == "webcam" else [source], video_source=source)
-        read_boxes_file(args.boxes) if args.boxes is not None else None  # its errors before the model loads
+        if args.boxes is not None:  # its errors before the model loads (run_video reads it for the frames)
+            read_boxes_file(args.boxes)
         paths = names = None
     else:
         paths = list_images([str(Path(s).expanduser()) for s in args.source])

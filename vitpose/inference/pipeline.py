@@ -386,6 +386,9 @@ class ResultsFile:
 
     def _truncate_to_complete_items(self) -> None:
         data = self.path.read_bytes()
+        if data.lstrip().startswith(b"["):
+            raise UserError(f"--json {self.path} is one JSON list; --resume continues JSON Lines (the default "
+                            f"without --json-array)")
         offsets, keys, position = [], [], 0
         for line in data.splitlines(keepends=True):
             try:
