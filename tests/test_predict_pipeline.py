@@ -161,19 +161,19 @@ def test_outputs_that_would_replace_an_input_are_refused_before_any_work(tmp_pat
     monkeypatch.chdir(clips)
     for extra in (["--out", "."], ["--out", "clip.mp4"], ["--json", "clip.mp4"]):
         code, _, err = cli(tmp_path, tiny, "clip.mp4", "--detector", "full-frame", *extra, capsys=capsys)
-        assert code == 2 and "is an input of this run" in err and extra[0] in err, err
+        assert code == 2 and "would replace the input" in err and extra[0] in err, err
         assert source.read_bytes() == before
     photo = write_images(tmp_path / "photos", ["a.png"])[0]
     photo_bytes = photo.read_bytes()
     code, _, err = cli(tmp_path, tiny, photo, "--detector", "full-frame", "--json", photo, capsys=capsys)
-    assert code == 2 and "--json" in err and "is an input of this run" in err and photo.read_bytes() == photo_bytes
+    assert code == 2 and "--json" in err and "would replace the input" in err and photo.read_bytes() == photo_bytes
 
 
 @pytest.mark.parametrize("flag, target, message", [
     ("--json", "{tmp}", "is a folder"),
-    ("--json", "{tmp}/file.txt/r.jsonl", "is not an existing folder"),
-    ("--json", "{tmp}/nowhere/r.jsonl", "is not an existing folder"),
-    ("--out", "{tmp}/file.txt", "is an existing file"),
+    ("--json", "{tmp}/file.txt/r.jsonl", "is a file, not a folder"),
+    ("--out", "{tmp}/file.txt/drawn", "is a file, not a folder"),
+    ("--out", "{tmp}/file.txt", "is a file; --out takes a folder"),
 ])
 def test_outputs_are_checked_before_the_model_loads(tmp_path, capsys, flag, target, message):
     write_images(tmp_path / "imgs", ["a.png"])

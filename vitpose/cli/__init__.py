@@ -34,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    for stream in (sys.stdout, sys.stderr):  # a file name that is not UTF-8 prints as \xNN, never crashes
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     commands = _standalone()
     if argv and argv[0] in commands:
         result = commands[argv[0]].main(argv[1:])

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 import threading
@@ -43,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from vitpose.errors import UserError
+from vitpose.files import check_output
 from vitpose.inference.pipeline import IMAGE_SUFFIXES, ResultsFile, classify_source, coco_records, image_ids, \
     read_boxes_file
 
@@ -133,40 +133,9 @@ def output_names(paths: list[Path]) -> list[str]:
     return names
 
 
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
-    except OSError:
-        return False
-
-
-def check_output(path: Path, flag: str, kind: str = "file", inputs=()) -> None:
-    """Refuse an output before any work: one line naming the flag (the "safety" branch's
-    `vitpose.files.check_output` is the shared version; this is the local one until it lands).
-
-    kind "file" | "dir"; inputs: paths this run reads, which the output may not replace."""
-    path = Path(path)
-    for source in inputs:
-        if _same_file(path, Path(source)):
-            raise UsageError(f"{flag} {path} is an input of this run ({source}) and would be overwritten: "
-                             f"choose another path")
-    if path.exists():
-        if kind == "file" and path.is_dir():
-            raise UsageError(f"{flag} {path} is a folder: give a file path (e.g. {path / 'results.jsonl'})")
-        if kind == "dir" and not path.is_dir():
-            raise UsageError(f"{flag} {path} is an existing file: give a folder")
-        if not os.access(path, os.W_OK):
-            raise UsageError(f"{flag} {path} is not writable (permissions)")
-        return
-    parent = path.parent
-    if not parent.is_dir():
-        raise UsageError(f"{flag} {path}: {parent} is not an existing folder; create it first")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"{flag} {path}: the folder {parent} is not writable (permissions)")
-
-
 def check_outputs(args, inputs: list[Path], video_source=None, image_dirs=()) -> None:
-    """--out, --json and their combinations (see the module docstring), before any work."""
+    """--out, --json and their combinations (see the module docstring), before any work
+    (`vitpose.files.check_output`: folder vs file, a path under a file, writable, not an input)."""
     if args.resume and args.json is None:
         raise UsageError("--resume continues the --json file: give --json")
     if args.resume and args.json_array:
@@ -179,13 +148,12 @@ def check_outputs(args, inputs: list[Path], video_source=None, image_dirs=()) ->
         drawn = output_video_path(args.out, video_source)
         if drawn != args.out:
             check_output(args.out, "--out", "dir", inputs + extra)
-        if drawn == args.out or args.out.is_dir():  # else the folder is made and cannot hold an input
-            check_output(drawn, "--out", "file", inputs + extra)
+        check_output(drawn, "--out", "file", inputs + extra)  # `--out .` beside clip.mp4 names clip.mp4
         outputs.append(drawn)
     elif args.out is not None:
         check_output(args.out, "--out", "dir", inputs + extra)
         for folder in image_dirs:
-            if _same_file(args.out, folder):
+            if args.out.resolve() == folder.resolve():
                 raise UsageError(f"--out {args.out} is a source directory: the drawings would overwrite the images")
     if args.json is not None:
         check_output(args.json, "--json", "file", inputs + extra + outputs)
@@ -369,8 +337,7 @@ class _ImageRun:
             return [None]
 
     def output(self, name: str, image_id: int, image, poses) -> None:
-        import cv2
-
+        from vitpose.files import write_image
         from vitpose.inference.draw import draw_people
 
         timer = self.predictor.timer
@@ -387,8 +354,10 @@ class _ImageRun:
             with timer.stage("draw"):
                 canvas = draw_people(image, poses, self.skeleton, self.args.keypoint_threshold, "bgr")
             with timer.stage("write"):
-                if not cv2.imwrite(str(self.args.out / name), canvas):
-                    self.failed.append(f"{name}: could not write {self.args.out / name}")
+                try:  # through a numpy buffer and the atomic writer: any file name the OS allows
+                    write_image(self.args.out / name, canvas)
+                except (OSError, ValueError) as e:
+                    self.failed.append(f"{name}: could not write {self.args.out / name} ({e})")
 
 
 def predict_images(predictor, paths: list[Path], args, boxes=(None, None), stop=None) -> int:
@@ -406,7 +375,7 @@ def predict_images(predictor, paths: list[Path], args, boxes=(None, None), stop=
     if table is not None:
         _note_unused(table, key, names, state.ids)
     if args.out is not None:
-        args.out.mkdir(exist_ok=True)
+        args.out.mkdir(parents=True, exist_ok=True)
     interrupted = False
     try:
         with tqdm(total=len(todo), unit="img", desc="predict", dynamic_ncols=True, file=sys.stderr) as bar:

@@ -39,6 +39,7 @@ import numpy as np
 
 from vitpose.coco_meta import SIGMAS
 from vitpose.evaluation.nms import oks_nms, soft_oks_nms
+from vitpose.files import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -489,10 +490,7 @@ class CocoEvaluator:
 
     def write_results(self, predictions: Sequence[dict], path) -> Path:
         """Write the COCO keypoint results JSON (after the protocol) that `evaluate` scores."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.results(predictions)))
-        return path
+        return write_atomic(path, json.dumps(self.results(predictions)))
 
 
 def instance_scores(keypoint_scores, bbox_scores, keypoint_score_thr: float = 0.2) -> np.ndarray:
@@ -564,10 +562,7 @@ def save_predictions(predictions: Iterable[dict], path) -> Path:
             return value.tolist()
         return value
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps([{k: plain(v) for k, v in p.items()} for p in predictions]))
-    return path
+    return write_atomic(path, json.dumps([{k: plain(v) for k, v in p.items()} for p in predictions]))
 
 
 def load_predictions(path) -> list[dict]:

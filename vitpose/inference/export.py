@@ -28,8 +28,6 @@ import contextlib
 import copy
 import importlib.util
 import json
-import os
-import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -43,6 +41,7 @@ from torch import nn
 from vitpose.coco_meta import FLIP_INDICES, KEYPOINT_NAMES, PIXEL_MEAN, PIXEL_STD
 from vitpose.codecs.udp import UDPHeatmap
 from vitpose.data.loaders import normalize_images
+from vitpose.files import staged_files
 from vitpose.models.checkpoint import unwrap_model
 from vitpose.topdown import forward_heatmaps
 
@@ -456,20 +455,6 @@ def check_export(path, model: nn.Module, crops: torch.Tensor, *, format: str, ba
 # Writing
 
 
-@contextlib.contextmanager
-def _staged(path: Path):
-    """Yield a path in a hidden folder beside `path`; on success move what was written there into
-    place (an ONNX file and its external `.data` together); on any error delete it all."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
-        yield stage / path.name
-        for staged in sorted(stage.iterdir()):
-            os.replace(staged, path.parent / staged.name)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
-
-
 def _example(batch: str | int, input_size) -> tuple[torch.Tensor, dict | None]:
     w, h = input_size
     size = TRACE_BATCH if batch == "dynamic" else batch
@@ -516,7 +501,7 @@ def _export(format: str, model: nn.Module, path, *, batch="dynamic", flip_test=F
     if tuple(crops.shape[2:]) != (input_size[1], input_size[0]):
         raise ValueError(f"gate crops are {tuple(crops.shape[2:])} (h, w), the model takes {input_size[::-1]}")
     graph = ExportGraph(_plain_copy(model, fp16), flip_test, flip_indices, fp16).eval()
-    with _staged(path) as staged:
+    with staged_files(path) as staged:
         if format == "onnx":
             metadata = _metadata(codec, flip_test, flip_indices, fp16, batch, num_keypoints)
             _write_onnx(graph, staged, batch, input_size, metadata, opset)
@@ -661,11 +646,16 @@ def run(args: argparse.Namespace) -> int:
     """`vitpose export`: 0 written, 1 the gate failed (no file), 2 bad input."""
     from vitpose.config import ConfigError
     from vitpose.data.errors import DataError
+    from vitpose.errors import UserError
+    from vitpose.files import check_output
     from vitpose.models.checkpoint import CheckpointError
 
     try:
         out = Path(args.out)
         fmt = _resolve_format(args.format, out)
+        inputs = (args.model, args.config, args.gate_data)
+        for target in (out, out.with_name(out.name + ".data")):  # before the work; never over an input
+            check_output(target, "--out", inputs=inputs)
         if fmt == "onnx":
             require()
         model, codec = load_model(args.model, args.config)
@@ -679,7 +669,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"vitpose export: the exported file differs from PyTorch (figures above); nothing was written "
               f"to {args.out}", file=sys.stderr)
         return EXIT_GATE
-    except (MissingDependencyError, CheckpointError, ConfigError, DataError, FileNotFoundError, ValueError) as e:
+    except (MissingDependencyError, CheckpointError, ConfigError, DataError, FileNotFoundError, ValueError,
+            UserError) as e:
         print(f"vitpose export: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     size = sum(p.stat().st_size for p in (out, out.with_name(out.name + ".data")) if p.is_file())

@@ -25,6 +25,7 @@ import numpy as np
 from vitpose.data.geometry import bbox_xywh2xyxy, crop_to_image, person_boxes_to_center_scale
 from vitpose.data.transforms import topdown_crops
 from vitpose.errors import UserError
+from vitpose.files import write_atomic
 from vitpose.evaluation.coco_evaluator import instance_scores
 from vitpose.inference.results import Detections, Poses, StageTimer
 
@@ -381,6 +382,7 @@ class ResultsFile:
             self.target = self.path
         else:
             self.target = self.path.with_name(self.path.name + ".partial") if self.path.exists() else self.path
+        self.target.parent.mkdir(parents=True, exist_ok=True)  # checked writable before the run
         self.file = None if array else open(self.target, "a" if self.target == self.path and resume else "w",
                                             encoding="utf-8")
 
@@ -424,11 +426,11 @@ class ResultsFile:
     def close(self, completed: bool) -> Path:
         """Finish the file; returns where the results are (the `.partial` file if not replaced)."""
         if self.array:
-            tmp = self.target.with_name(self.target.name + ".tmp")
             text = self.render(self.records) if self.render else json.dumps(self.records, allow_nan=False)
-            tmp.write_text(text, encoding="utf-8")
-            os.replace(tmp, self.target)
+            write_atomic(self.target, text)
         else:
+            self.file.flush()
+            os.fsync(self.file.fileno())
             self.file.close()
         if completed and self.target != self.path:
             os.replace(self.target, self.path)

@@ -105,7 +105,8 @@ class Tracker:
         sigmas: per-keypoint OKS sigmas (default COCO-17's).
 
     `update(boxes, keypoints=None, keypoint_scores=None, frame=None) -> ids (D,) int64`: call once
-    per frame in order. `frame` is the frame index (default: the previous one + 1); frames that
+    per frame in order; a frame with nobody (D = 0, e.g. boxes (0, 4), keypoints (0, K, 2) or [])
+    returns no ids and ages the tracks. `frame` is the frame index (default: the previous one + 1); frames that
     were skipped (corrupt or not decoded) count towards a track's age. Ids start at 0 and are
     never reused. Association: every (track, detection) pair is scored against the track moved by
     its velocity to this frame; pairs are taken from the best down (ties: lower track index, then
@@ -138,7 +139,10 @@ class Tracker:
         if self.metric == "oks" and keypoints is None:
             raise ValueError("Tracker(metric='oks') needs the keypoints of every detection")
         if keypoints is not None:
-            keypoints = np.asarray(keypoints, np.float64).reshape(len(boxes), -1, 2)
+            keypoints = np.asarray(keypoints, np.float64)
+            # a frame with nobody: (0, K, 2) or an empty list; reshape(0, -1, 2) cannot infer K
+            num_keypoints = keypoints.size // (2 * len(boxes)) if len(boxes) else 0
+            keypoints = keypoints.reshape(len(boxes), num_keypoints, 2)
             if keypoint_scores is None:
                 keypoint_scores = np.ones(keypoints.shape[:2])
             keypoint_scores = np.asarray(keypoint_scores, np.float64).reshape(keypoints.shape[:2])
@@ -264,8 +268,8 @@ class KeypointSmoother:
         max_age: a track unseen for more than this many frames is forgotten (its filter restarts
             if the id comes back).
 
-    `smooth(track_ids (M,), keypoints (M, K, 2), frame) -> smoothed keypoints (M, K, 2)`.
-    Scores are not filtered.
+    `smooth(track_ids (M,), keypoints (M, K, 2), frame) -> smoothed keypoints (M, K, 2)`; M may be 0
+    (a frame with nobody). Scores are not filtered.
     """
 
     def __init__(self, fps: float, min_cutoff: float = 1.0, beta: float = 0.05, d_cutoff: float = 1.0,
@@ -279,7 +283,10 @@ class KeypointSmoother:
         self.filters: dict[int, tuple[OneEuroFilter, int]] = {}
 
     def smooth(self, track_ids, keypoints, frame: int) -> np.ndarray:
+        track_ids = np.asarray(track_ids, np.int64).reshape(-1)
         keypoints = np.asarray(keypoints, np.float64)
+        if not len(track_ids):  # a frame with nobody: nothing to filter, but old tracks still age out
+            keypoints = keypoints.reshape(0, *(keypoints.shape[1:] if keypoints.ndim == 3 else (0, 2)))
         out = np.empty_like(keypoints)
         for i, track_id in enumerate(np.asarray(track_ids).tolist()):
             one_euro, last = self.filters.get(track_id, (None, None))
