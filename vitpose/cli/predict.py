@@ -133,7 +133,7 @@ def output_names(paths: list[Path]) -> list[str]:
     return names
 
 
-def check_outputs(args, inputs: list[Path], video_source=None, image_dirs=()) -> None:
+def check_outputs(args, inputs: list[Path], video_source=None) -> None:
     """--out, --json and their combinations (see the module docstring), before any work
     (`vitpose.files.check_output`: folder vs file, a path under a file, writable, not an input)."""
     if args.resume and args.json is None:
@@ -152,9 +152,9 @@ def check_outputs(args, inputs: list[Path], video_source=None, image_dirs=()) ->
         outputs.append(drawn)
     elif args.out is not None:
         check_output(args.out, "--out", "dir", inputs + extra)
-        for folder in image_dirs:
-            if args.out.resolve() == folder.resolve():
-                raise UsageError(f"--out {args.out} is a source directory: the drawings would overwrite the images")
+        out = args.out.expanduser().resolve()
+        if any(path.parent.resolve() == out for path in inputs):  # the drawings keep the images' names
+            raise UsageError(f"--out {args.out} is a source directory: the drawings would overwrite the images")
     if args.json is not None:
         check_output(args.json, "--json", "file", inputs + extra + outputs)
 
@@ -288,7 +288,7 @@ def _run(args) -> int:
         paths = list_images([str(Path(s).expanduser()) for s in args.source])
         names = output_names(paths)
         image_ids(names)  # duplicate ids: an error before any work
-        check_outputs(args, paths, image_dirs=[Path(s).expanduser() for s, k in zip(args.source, kinds) if k == "dir"])
+        check_outputs(args, paths)
     boxes = read_boxes(args, names)
     try:  # after the sources, the outputs and the boxes file are checked
         predictor = build_predictor(args)
