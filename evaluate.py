@@ -130,17 +130,10 @@ def check_outputs(args, cfg, inputs) -> Path:
 def run(args) -> dict:
     from torch.utils.data import DataLoader
 
-    from vitpose.builders import (
-        build_codec,
-        build_dataset_info,
-        build_evaluator,
-        build_model_from_config,
-        build_val_set,
-    )
+    from vitpose.builders import build_dataset_info, build_evaluator, build_val_set, load_model
     from vitpose.config import load_config
     from vitpose.engine.evaluate import format_stats, predict
     from vitpose.evaluation.coco_evaluator import save_predictions
-    from vitpose.models import load_weights
 
     cfg = load_config(args.config, args.overrides)
     root = Path(args.data_root if args.data_root is not None else cfg.data.root)
@@ -158,10 +151,8 @@ def run(args) -> dict:
     skeleton = build_dataset_info(cfg, root)  # K, flip pairs and OKS sigmas of the data
     evaluator = build_evaluator(cfg, skeleton, root=root)  # as MMPose scores data.dataset_info
     dataset = build_val_set(cfg, root, bbox_file, info=skeleton)
-    model = build_model_from_config(cfg.model)
-    report = load_weights(model, args.checkpoint)
-    model.to(device).eval()
-    codec = build_codec(cfg.model)
+    loaded = load_model(args.checkpoint, config=cfg, device=device)  # the one way to a model
+    model, codec, report = loaded.model, loaded.codec, loaded.report
 
     rescoring = (f"bbox_score x mean(keypoint scores > {cfg.eval.keypoint_score_thr:g})"
                  if cfg.eval.score_mode == "bbox_keypoint" else "none (bbox score)")

@@ -221,7 +221,7 @@ def train(cfg, config_path: Path, resume: str | None, stop, overwrite: bool = Fa
         batches_per_epoch = loaders.train_batches_per_epoch
 
         # ---- model, optimizer (layer decay + warmup/step schedule), precision
-        model = build_model_from_config(cfg.model)
+        model = build_model_from_config(cfg.model, skeleton)  # carries its ModelSpec into every checkpoint
         if cfg.model.pretrained:
             load_pretrained(model, cfg.model.pretrained, is_main)
         model.to(ctx.device)

@@ -247,11 +247,8 @@ def _check_flags(args) -> None:
 def run(args) -> int:
     """`vitpose predict`; returns the exit status (errors about the user's input: one line, 2)."""
     from vitpose.config import ConfigError
-    from vitpose.models.checkpoint import CheckpointError
-    from vitpose.models.hub import DownloadError, UnknownModelError
 
-    expected = (UserError, UnknownModelError, DownloadError, CheckpointError, ConfigError, FileNotFoundError,
-                NotImplementedError)
+    expected = (UserError, ConfigError, FileNotFoundError)  # load_model's errors (names, downloads, files) are UserErrors
     try:
         return _run(args)
     except KeyboardInterrupt:  # a second Ctrl-C: the files were closed on the way out

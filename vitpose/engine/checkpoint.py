@@ -13,6 +13,8 @@ objects), so `torch.load(path, weights_only=True)` reads it:
     nonfinite_in_row  non-finite losses in a row before this point (train.max_nonfinite)
     rng          torch CPU/CUDA states as uint8 tensors; numpy and Python states as tensors
     config       the resolved run config (plain dict)
+    vitpose.model_spec  the model's ModelSpec as plain data (vitpose.models.spec: architecture,
+                 codec, skeleton), so `vitpose.load_model(path)` needs no config
     best_ap      best validation AP so far (or None), best_epoch
 
 Writes go through `vitpose.files.atomic_file`: a temporary file in the same directory, fsynced, renamed over the
@@ -39,7 +41,7 @@ import numpy as np
 import torch
 
 from vitpose.files import TEMP_SUFFIX, atomic_file, readable_mode  # noqa: F401 - re-exported for workdir
-from vitpose.models.checkpoint import CheckpointError, describe_file, strip_wrapper_prefixes, unwrap_model
+from vitpose.models.checkpoint import CheckpointError, strip_wrapper_prefixes, torch_load, unwrap_model
 
 REQUIRED_KEYS = ("model", "optimizer", "epoch", "batch", "iteration")
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -144,13 +146,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     Raises CheckpointError (one line: the file and what it looks like) if it is unusable.
     """
     path = Path(path)
-    try:
-        state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
-    except FileNotFoundError:
-        raise CheckpointError(f"checkpoint not found: {path}") from None
-    except Exception as e:  # truncated zip, bad pickle, random bytes, disallowed global...
-        raise CheckpointError(f"{path}: not a readable checkpoint ({describe_file(path)}; "
-                              f"{type(e).__name__})") from None
+    state = torch_load(path, mmap=mmap, map_location=map_location)  # refused pickles explained as everywhere
     if not isinstance(state, dict):
         raise CheckpointError(f"{path}: holds a {type(state).__name__}, not a training checkpoint")
     missing = [k for k in REQUIRED_KEYS if k not in state]

@@ -18,6 +18,7 @@ first. `FullFrame` is the whole image as one box (single-person clips).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,19 +148,15 @@ def build_detector(name: str, device=None, score_threshold: float = DEFAULT_SCOR
         raise ValueError(f"unknown detector {name!r}; choose one of: " + ", ".join(DETECTORS)
                          + ", 'default', 'full-frame' or 'none'")
     if pretrained:
+        from vitpose.models import hub
+
         url = DETECTORS[name].weights_url()
         cached = Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(url)
-        offline = (os.environ.get("HF_HUB_OFFLINE") or "").strip().upper() in ("1", "ON", "YES", "TRUE")
-        if not cached.is_file() and offline:
-            raise RuntimeError(f"detector {name}: weights not in torchvision's cache ({cached}) and "
-                               f"HF_HUB_OFFLINE is set; fetch {url} there once with network access, or use "
-                               f"--detector full-frame / --boxes FILE")
-        try:
-            model = DETECTORS[name].build(True)
-        except OSError as e:  # URLError and friends: no network, DNS, proxy
-            raise RuntimeError(f"detector {name}: could not download its weights ({type(e).__name__}: {e}); "
-                               f"fetch {url} into {cached} once with network access, or use "
-                               f"--detector full-frame / --boxes FILE") from None
+        if not cached.is_file():  # fetched with timeouts and tries (torch.hub's own download has none)
+            digits = re.search(r"-([a-f0-9]+)\.", cached.name)  # torch.hub's check: the name's hash digits
+            hub.download_url(url, cached, digits.group(1) if digits else None, f"detector {name}",
+                             alternative="; or use --detector full-frame / --boxes FILE")
+        model = DETECTORS[name].build(True)  # found in the cache: no network
     else:
         model = DETECTORS[name].build(False)
     return PersonDetector(model, score_threshold, device=device or "cpu", batch_size=batch_size)

@@ -27,6 +27,7 @@ from vitpose.device import resolve_device
 from vitpose.inference.pipeline import TopDown
 from vitpose.inference.results import Poses, StageTimer
 from vitpose.inference.warp import warp_affine_uint8
+from vitpose.models.checkpoint import unwrap_model
 from vitpose.topdown import forward_heatmaps
 
 __all__ = ["Poses", "Predictor", "StageTimer"]
@@ -36,61 +37,53 @@ class Predictor(TopDown):
     """ViTPose on the people of images: person boxes from a detector or the caller.
 
     Args:
-        model: a built `ViTPose` (weights already loaded) or the path of a checkpoint in any
-            layout `vitpose.load_weights` reads (then `model_name`/`decoder` say what to build).
-        model_name: "vitpose-s" | "vitpose-b" | "vitpose-l" | "vitpose-h" (checkpoint paths only).
-        decoder: "classic" | "simple" (checkpoint paths only).
+        model: a built `ViTPose` (weights already loaded), or anything `vitpose.load_model` takes
+            (a weights file, a model name, an HF repo id): then its codec and skeleton come with it.
         device: where the model runs ("auto"/None: CUDA when available, else CPU).
         flip_test: average with the mirrored crop (on by default, as in ViTPose's evaluation).
-        codec: the heatmap codec (default: `UDPHeatmap()`, 192x256 input, 48x64 heatmaps).
+        codec: the heatmap codec (default: the model's `.spec` codec, else `UDPHeatmap()`, 192x256
+            input, 48x64 heatmaps).
         amp_dtype: torch.bfloat16 / torch.float16 to run under autocast; None = float32.
         batch_size: boxes per forward pass.
+        flip_indices: left/right order of the flip test (default: the skeleton's).
         detector: the person detector `predictor(image)` uses: a callable
             `(images, channels) -> [vitpose.inference.detect.Detections]` (e.g. `vitpose.inference.detect.PersonDetector`,
             `FullFrame()`), or None (boxes come from the caller). See `from_pretrained` for names.
-        skeleton: the model's keypoints (a `vitpose.data.DatasetInfo`: names, flip order, limbs to
-            draw); None: COCO-17.
-        model_kwargs: extra `build_model` arguments (checkpoint paths only).
+        skeleton: the `vitpose.data.DatasetInfo` of the model's keypoints (flip indices, limbs, K);
+            default: the one the model's `.spec` records, else COCO's.
 
     `predictor(image_or_images, boxes=None)`: see `__call__` (all people, `Poses`).
 
     `predict(image, boxes)`:
-        image: (H, W, 3) uint8, **RGB** by default (`channels="bgr"` for `cv2.imread` output), or a
-            PIL image.
+        image: (H, W, 3) uint8, **RGB** by default (`channels="bgr"` for `cv2.imread` output).
         boxes: (M, 4) person boxes, **xyxy** (x1, y1, x2, y2) image pixels by default, or
             `box_format="xywh"`; a 5th column (a detector score) is ignored. None = the whole
-            image, [] = nobody (as `predictor(image, boxes=[])`).
+            image, [] = nobody (as `predictor(image, boxes=[])`); the image may be a PIL image.
         Returns keypoints (M, K, 2) float64 in image pixels (x, y) and scores (M, K) float32
-        (heatmap maxima: higher is more confident; ~0.3 is a usual display threshold).
+            (heatmap maxima: higher is more confident; ~0.3 is a usual display threshold).
     Boxes are used as given (no clipping), like detector boxes in MMPose.
     """
 
-    def __init__(self, model, model_name: str = "vitpose-s", decoder: str = "classic", device=None,
-                 flip_test: bool = True, codec=None, amp_dtype=None, batch_size: int = 32,
-                 flip_indices: Sequence[int] | None = None, detector=None, skeleton=None, **model_kwargs):
-        if isinstance(model, (str, Path)):
-            from vitpose.models.checkpoint import load_weights
-            from vitpose.models.vitpose import build_model
+    def __init__(self, model, device=None, flip_test: bool = True, codec=None, amp_dtype=None, batch_size: int = 32,
+                 flip_indices: Sequence[int] | None = None, detector=None, skeleton=None):
+        from vitpose.builders import load_model
 
-            path = Path(model)
-            if not path.is_file():
-                raise FileNotFoundError(f"checkpoint not found: {path}")
-            model = build_model(model_name, decoder=decoder, **model_kwargs)
-            load_weights(model, path)
+        if isinstance(model, (str, Path)):
+            loaded = load_model(model, device=device)
+            model, codec = loaded.model, loaded.codec if codec is None else codec
+            skeleton = loaded.skeleton if skeleton is None else skeleton
         elif not isinstance(model, torch.nn.Module):
-            raise TypeError(f"model must be a torch.nn.Module or a checkpoint path, got {type(model).__name__}")
+            raise TypeError(f"model must be a torch.nn.Module, a weights file, a model name or an HF repo id, "
+                            f"got {type(model).__name__}")
         self.device = resolve_device(device)
         self.model = model.to(self.device).eval()
-        self.codec = codec if codec is not None else UDPHeatmap()
+        spec = getattr(unwrap_model(model), "spec", None)
+        self.skeleton = skeleton if skeleton is not None else _skeleton_of_model(model, spec)
+        self.codec = codec if codec is not None else spec.build_codec() if spec is not None else UDPHeatmap()
         self.flip_test = bool(flip_test)
         self.amp_dtype = amp_dtype
         self.batch_size = int(batch_size)
-        if skeleton is None:  # COCO's unless told (the "weights" branch reads it from the file)
-            from vitpose.data.metainfo import dataset_info
-
-            skeleton = dataset_info("coco")
-        self.skeleton = skeleton
-        self.flip_indices = flip_indices
+        self.flip_indices = list(self.skeleton.flip_indices if flip_indices is None else flip_indices)
         self.detector = detector
         self.timer = StageTimer()
         # crops warped where the model runs: on a GPU, OpenCV on the CPU would limit a video
@@ -99,30 +92,30 @@ class Predictor(TopDown):
     @classmethod
     def from_pretrained(cls, name_or_path, detector="default", device=None, config=None, expert: str | None = None,
                         detector_threshold: float | None = None, **kwargs) -> Predictor:
-        """A Predictor for published weights by name (`vitpose.hub.list_models()`) or a weights file.
+        """A Predictor for a published model name, an HF repo id or a weights file (`vitpose.load_model`).
 
         Args:
-            name_or_path: e.g. "vitpose-b-simple" (downloaded once, then cached), or a path to
-                weights in any layout `vitpose.load_weights` reads; its size, decoder and number of
-                keypoints are read from the file's tensors unless `config` is given.
+            name_or_path: e.g. "vitpose-b-simple" (downloaded once, then cached; any case), an HF repo
+                id "org/repo" or "org/repo@REVISION" (a VitPose `config.json` + `model.safetensors`),
+                or a path to weights in any layout `vitpose.load_weights` reads; what the file records
+                (or its tensors) says the model, codec and skeleton unless `config` is given.
             detector: "default" (Faster R-CNN ResNet-50 FPN v2 on a GPU, MobileNetV3 FPN on CPU),
                 a name of `vitpose.inference.detect.DETECTORS`, "full-frame" (the whole image is one person),
                 None (boxes from the caller), or a detector callable.
             device: where the model and the detector run (None/"auto": CUDA when available).
             config: a training config (YAML path or `Config`) for weights of a custom model.
-            expert: the ViTPose+ expert for `vitpose-plus-*` files ("coco" by default).
+            expert: the ViTPose+ expert ("coco" by default for `vitpose-plus-*` names; aliases such
+                as "wholebody" work; see `vitpose.models.spec.EXPERTS`).
             detector_threshold: minimum person score (default `vitpose.inference.detect.DEFAULT_SCORE_THRESHOLD`).
             kwargs: go to `Predictor` (flip_test, batch_size, amp_dtype, ...).
         """
-        from vitpose.models import hub
+        from vitpose.builders import load_model
         from vitpose.inference.detect import DEFAULT_SCORE_THRESHOLD, make_detector
 
-        path = hub.download(name_or_path)
-        if config is not None:
-            predictor = cls.from_config(config, path, device=device, **kwargs)
-        else:
-            spec = hub.model_spec(name_or_path, expert=expert)
-            predictor = cls(_build_and_load(spec, path), device=device, **kwargs)
+        loaded = load_model(name_or_path, expert=expert, config=config, device=device)
+        kwargs.setdefault("codec", loaded.codec)
+        kwargs.setdefault("skeleton", loaded.skeleton)
+        predictor = cls(loaded.model, device=device, **kwargs)
         threshold = DEFAULT_SCORE_THRESHOLD if detector_threshold is None else detector_threshold
         predictor.detector = make_detector(detector, predictor.device, threshold)
         return predictor
@@ -135,18 +128,12 @@ class Predictor(TopDown):
         config, e.g. the demo's small ViT on 128x96 crops: `Predictor.from_config(
         "configs/demo.yaml", "work_dirs/demo/best.pth")`. `kwargs` go to `Predictor`.
         """
-        from vitpose.builders import build_codec, build_dataset_info, build_model_from_config
-        from vitpose.config import Config, load_config
-        from vitpose.models.checkpoint import load_weights
+        from vitpose.builders import load_model
 
-        cfg = config if isinstance(config, Config) else load_config(config)
-        info = build_dataset_info(cfg)
-        kwargs.setdefault("skeleton", info)  # drawing uses its limbs
-        if "flip_indices" not in kwargs:  # the flip test mirrors with the config's skeleton
-            kwargs["flip_indices"] = info.flip_indices
-        model = build_model_from_config(cfg.model)
-        load_weights(model, checkpoint)
-        return cls(model, codec=build_codec(cfg.model), **kwargs)
+        loaded = load_model(checkpoint, config=config, device=kwargs.get("device"))
+        kwargs.setdefault("codec", loaded.codec)
+        kwargs.setdefault("skeleton", loaded.skeleton)
+        return cls(loaded.model, **kwargs)
 
     @property
     def num_keypoints(self) -> int:
@@ -186,11 +173,16 @@ class Predictor(TopDown):
         return (crops.flip(1) if channels == "bgr" else crops), np.concatenate(centers), np.concatenate(scales)
 
 
-def _build_and_load(spec, path: Path):
-    """`build_model` for a hub.ModelSpec, weights loaded (ViTPose+ files need `expert=` support)."""
-    from vitpose.models.checkpoint import load_weights
-    from vitpose.models.vitpose import build_model
+def _skeleton_of_model(model, spec):
+    """The skeleton a model's spec records, else COCO's; checked against the model's K."""
+    from vitpose.builders import skeleton_of
+    from vitpose.data.metainfo import dataset_info
 
-    model = build_model(spec.size, decoder=spec.decoder, num_keypoints=spec.num_keypoints)
-    load_weights(model, path, expert=spec.expert)
-    return model
+    skeleton = skeleton_of(spec) if spec is not None and spec.skeleton is not None else dataset_info("coco")
+    head = getattr(unwrap_model(model), "head", None)
+    k = getattr(getattr(head, "final_layer", None), "out_channels", skeleton.num_keypoints)
+    if k != skeleton.num_keypoints:
+        raise ValueError(f"the model predicts {k} keypoints but the skeleton {skeleton.name!r} has "
+                         f"{skeleton.num_keypoints}: pass skeleton= (vitpose.data.dataset_info(...)), or load the "
+                         f"model with vitpose.load_model, which reads it from the file")
+    return skeleton
