@@ -10,8 +10,9 @@ Every source goes through the same steps (`vitpose.inference.pipeline`): boxes (
 `--batch-images` images go through the model together; `--out` gets the drawn image under the same
 name. Video files and webcam indices go to `vitpose.inference.video.run_video`.
 
-`--json` is written as it goes, as JSON Lines (one COCO keypoint result per line, flushed after
-every image or frame): `image_id`, `file_name` (images) or `frame` (videos), `category_id` 1,
+For folders, videos and webcams `--json` is written as it goes, as JSON Lines (one COCO keypoint
+result per line, flushed after every image or frame); for image files named on the command line it
+is one COCO results list. Each record: `image_id`, `file_name` (images) or `frame` (videos), `category_id` 1,
 `bbox` [x, y, w, h], `keypoints` [x1, y1, s1, ...], `bbox_score`, `score` (= bbox_score x the mean
 of the keypoint scores above 0.2: the evaluator's instance score), `track_id` with --track.
 Non-finite values are written as null. `--json-array` writes one JSON list (what `COCO.loadRes`
@@ -74,7 +75,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="person boxes from a COCO detection results JSON (image_id or file_name, or frame for "
                         "videos; bbox xywh; score)")
     p.add_argument("--out", type=Path, default=None, help="directory for the drawn images (or video, or a video file)")
-    p.add_argument("--json", type=Path, default=None, help="write the COCO keypoint results here (JSON Lines)")
+    p.add_argument("--json", type=Path, default=None, help="write the COCO keypoint results here (JSON Lines for folders, videos and webcams; a list for image files)")
     p.add_argument("--json-array", action="store_true",
                    help="--json as one JSON list written at the end (images and video files, not webcams)")
     p.add_argument("--resume", action="store_true", help="continue --json: skip the images or frames it holds")
@@ -282,6 +283,9 @@ def _run(args) -> int:
             read_boxes_file(args.boxes)
         paths = names = None
     else:
+        # image files named one by one are a bounded input: their --json is one COCO results list
+        # (as COCO.loadRes reads it); folders stream JSON Lines
+        args.json_array = args.json_array or (not args.resume and all(kind == "image" for kind in kinds))
         paths = list_images([str(Path(s).expanduser()) for s in args.source])
         names = output_names(paths)
         image_ids(names)  # duplicate ids: an error before any work
