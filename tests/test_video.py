@@ -358,3 +358,53 @@ def test_ctrl_c_ends_the_outputs_cleanly(predictor, video, tmp_path, pipeline):
     assert len(frames) == 4
     assert "interrupted: stopped by the user after 4 frames" in summary.format()
     assert summary.exit_status == 130
+
+
+class CountingDetector:
+    """blob_detector that counts the frames it is called on."""
+
+    def __init__(self):
+        self.frames = 0
+
+    def __call__(self, images, channels="rgb"):
+        self.frames += len(images)
+        return blob_detector(images, channels)
+
+
+@pytest.mark.parametrize("every", [1, 5])
+def test_det_every_runs_the_detector_on_every_nth_frame(predictor, video, tmp_path, every):
+    """--det-every N: the detector on frames 0, N, 2N, ... (a person lost on carried boxes would
+    add frames: the lost rule is off here), poses carry the people between; the summary counts it."""
+    detector = CountingDetector()
+    args = options(tmp_path, det_every=every, det_lost_score=1e-9, track=True, pipeline="sequential")
+    summary = run_video(with_detector(predictor, detector), str(video), args)
+    expected = len(range(0, NUM_FRAMES, every))
+    assert detector.frames == expected
+    records = records_of(tmp_path / "poses.json")
+    assert sorted({r["frame"] for r in records}) == list(range(NUM_FRAMES))
+    per_frame = [sum(r["frame"] == f for r in records) for f in range(NUM_FRAMES)]
+    assert per_frame == [2] * NUM_FRAMES  # the two figures carried through every frame
+    if every > 1:
+        assert summary.detector_frames == expected
+        assert f"detector ran on {expected} of {NUM_FRAMES} frames (--det-every {every}" in summary.format()
+
+
+def test_det_every_detects_again_when_someone_is_lost(predictor, video, tmp_path):
+    """A carried person whose mean keypoint score is below det_lost_score sends that frame to the
+    detector: with a threshold no pose reaches, every frame is detected."""
+    detector = CountingDetector()
+    args = options(tmp_path, det_every=5, det_lost_score=2.0, pipeline="sequential")
+    summary = run_video(with_detector(predictor, detector), str(video), args)
+    assert detector.frames == NUM_FRAMES and summary.detector_frames == NUM_FRAMES
+
+
+def test_boxes_from_keypoints_is_the_grown_extent_of_confident_keypoints():
+    from vitpose.inference.tracking import boxes_from_keypoints
+
+    keypoints = np.array([[[10.0, 20.0], [30.0, 60.0], [500.0, 500.0]]])
+    scores = np.array([[0.9, 0.8, 0.1]])  # the third is not confident: left out
+    box = boxes_from_keypoints(keypoints, scores, (100, 100), min_score=0.3, expansion=1.5)
+    # extent x 10..30, y 20..60 -> centre (20, 40), half sizes 15, 30
+    np.testing.assert_allclose(box, [[5.0, 10.0, 35.0, 70.0]])
+    clipped = boxes_from_keypoints(keypoints, scores, (32, 64), min_score=0.3, expansion=1.5)
+    np.testing.assert_allclose(clipped, [[5.0, 10.0, 32.0, 64.0]])

@@ -87,6 +87,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "(default: %(default)s)")
     p.add_argument("--track", action="store_true", help="video: stable person ids (track_id)")
     p.add_argument("--smooth", action="store_true", help="video: One-Euro filter on the keypoints")
+    p.add_argument("--det-every", type=int, default=1, metavar="N",
+                   help="video: run the detector on every N-th frame and carry people between on their previous "
+                        "poses (again at once when someone is lost; default: every frame)")
     p.add_argument("--no-flip", action="store_true", help="skip the flip test (about 2x faster)")
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: CUDA when available)")
     p.add_argument("--batch-images", type=int, default=8, help="images per model call (default: %(default)s)")
@@ -231,6 +234,8 @@ def _check_flags(args) -> None:
         raise UsageError(f"--batch-images must be >= 1, got {args.batch_images}")
     if args.batch_size < 1:
         raise UsageError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.det_every < 1:
+        raise UsageError(f"--det-every must be >= 1 (1 = the detector on every frame), got {args.det_every}")
     if args.detector_threshold is not None and not 0.0 <= args.detector_threshold <= 1.0:
         raise UsageError(f"--detector-threshold must be in [0, 1], got {args.detector_threshold}")
     if not 0.0 <= args.keypoint_threshold <= 1.0:
@@ -302,8 +307,9 @@ def _run(args) -> int:
             from vitpose.inference.video import run_video  # the video pipeline (decode, detect and pose overlapped)
 
             return run_video(predictor, source, args, stop=stop.event).exit_status
-        if args.track or args.smooth:
-            print("vitpose predict: note: --track and --smooth apply to videos; ignored for images", file=sys.stderr)
+        if args.track or args.smooth or args.det_every != 1:
+            print("vitpose predict: note: --track, --smooth and --det-every apply to videos; ignored for images",
+                  file=sys.stderr)
         return predict_images(predictor, paths, args, boxes, stop)
 
 

@@ -49,7 +49,7 @@ from vitpose.errors import UserError
 from vitpose.inference.draw import draw_people
 from vitpose.inference.pipeline import VIDEO_SUFFIXES, ResultsFile, coco_records, read_boxes_file
 from vitpose.inference.results import Poses
-from vitpose.inference.tracking import KeypointSmoother, Tracker
+from vitpose.inference.tracking import DetectionSchedule, KeypointSmoother, Tracker
 
 __all__ = ["FrameReader", "VideoError", "VideoSummary", "check_video_file", "open_video_writer", "output_video_path",
            "run_video"]
@@ -213,6 +213,8 @@ class VideoSummary:
     video_path: str | None = None
     json_path: str | None = None
     tracks: int = 0
+    detector_frames: int | None = None  # with --det-every: the frames the detector ran on
+    det_every: int = 1
     wall_seconds: float = 0.0
     stage_seconds: dict = field(default_factory=dict)
     pipeline: str = "threads"
@@ -258,6 +260,9 @@ class VideoSummary:
                          + ("; the results so far are in " + self.json_path + " (the earlier file is unchanged)"
                             if partial else "; run again with --resume to finish the JSON" if self.json_path else ""))
         lines += [f"  {note}" for note in self.notes]
+        if self.detector_frames is not None:
+            lines.append(f"  detector ran on {self.detector_frames} of {self.frames_done} frames "
+                         f"(--det-every {self.det_every}; poses carried the boxes between)")
         if self.video_path:
             lines.append(f"  wrote {self.video_path} ({self.frames_written} frames at {self.fps:g} frames/s)")
         if self.json_path:
@@ -372,10 +377,14 @@ def _frame_boxes(args):
                      f"its records have only 'file_name'")
 
 
-def _predict_frames(predictor, frames: list[Frame], boxes, failed: list[str]) -> list[tuple[Frame, Poses | None]]:
+def _predict_frames(predictor, frames: list[Frame], boxes, failed: list[str],
+                    schedule: DetectionSchedule | None = None) -> list[tuple[Frame, Poses | None]]:
     """The predictor on a batch of frames; when it fails, frame by frame, so that one bad frame
-    costs one frame (its failure is listed in `failed`)."""
+    costs one frame (its failure is listed in `failed`). With a `schedule` (`--det-every N`) the
+    frames go one by one: each one's boxes come from the previous frame's poses."""
     table, key = boxes
+    if schedule is not None and table is None:
+        return [_predict_followed(predictor, frame, schedule, failed) for frame in frames]
     given = None
     if table is not None:
         given = [np.concatenate([d.boxes, d.scores[:, None]], axis=1)
@@ -392,6 +401,26 @@ def _predict_frames(predictor, frames: list[Frame], boxes, failed: list[str]) ->
     return list(zip(frames, found))
 
 
+def _predict_followed(predictor, frame: Frame, schedule: DetectionSchedule, failed: list[str]):
+    """One frame under `--det-every`: on the carried boxes when the schedule has them, detecting
+    again when it has none or someone was lost on them."""
+    carried = schedule.boxes_for(frame.index)
+    try:
+        poses = None
+        if carried is not None:
+            poses = predictor([frame.bgr], boxes=[carried], channels="bgr")[0]
+        if poses is None or schedule.lost(poses.keypoint_scores):
+            schedule.detector_frames += 1
+            poses = predictor([frame.bgr], channels="bgr")[0]
+    except Exception as e:  # noqa: BLE001 - any failure on one frame's pixels costs that frame
+        failed.append(f"frame {frame.index}: {type(e).__name__}: {e}")
+        schedule.carried = None  # detect on the next frame
+        return frame, None
+    poses.frame = frame.index
+    schedule.update(poses, (frame.bgr.shape[1], frame.bgr.shape[0]))
+    return frame, poses
+
+
 def _schedule(args, predictor, webcam: bool) -> tuple[str, int]:
     pipeline = getattr(args, "pipeline", None) or "auto"
     if pipeline not in ("auto", "threads", "sequential"):
@@ -405,6 +434,18 @@ def _schedule(args, predictor, webcam: bool) -> tuple[str, int]:
     if int(batch_frames) < 1:
         raise UserError(f"--batch-images: frames per batch must be >= 1, got {batch_frames}")
     return pipeline, int(batch_frames)
+
+
+def _detection_schedule(args, boxes) -> DetectionSchedule | None:
+    """`--det-every N` (N > 1): the detector on every N-th frame, carried poses between."""
+    every = getattr(args, "det_every", None) or 1
+    if int(every) < 1:
+        raise UserError(f"--det-every: detect every N frames with N >= 1, got {every}")
+    if int(every) == 1:
+        return None
+    if boxes[0] is not None:
+        raise UserError("--det-every with --boxes: the boxes file already gives every frame's people; leave one out")
+    return DetectionSchedule(int(every), min_mean_score=getattr(args, "det_lost_score", None) or 0.3)
 
 
 def _results_file(args, webcam: bool):
@@ -429,7 +470,10 @@ def run_video(predictor, source, args, stop: threading.Event | None = None) -> V
             Extra knobs: `batch_frames` (frames per predictor call; default `batch_images` or 8, 1
             for a camera), `pipeline` ("auto" | "threads" | "sequential"), `progress` (default
             True), `quiet` (no summary print), `keypoint_threshold` (drawing; default 0.3),
-            `tracker_options` / `smooth_options` (dicts of `Tracker` / `KeypointSmoother` arguments).
+            `tracker_options` / `smooth_options` (dicts of `Tracker` / `KeypointSmoother` arguments),
+            `det_every` (the detector on every N-th frame, poses carry people between) and
+            `det_lost_score` (a carried person whose mean keypoint score falls below it, default
+            0.3, makes that frame detect again).
         stop: an Event that ends the run cleanly after the frames in flight (SIGINT / SIGTERM).
     Returns:
         a `VideoSummary` (also printed to stderr unless `args.quiet`); a command returns its
@@ -461,8 +505,10 @@ def run_video(predictor, source, args, stop: threading.Event | None = None) -> V
     writer = _Writer(args, predictor, reader, summary, results, progress)
     frames = (f for f in reader if f.index >= summary.resumed_from)
 
+    schedule = _detection_schedule(args, boxes)
+
     def process(batch: list[Frame]):
-        return _predict_frames(predictor, batch, boxes, summary.failed)
+        return _predict_frames(predictor, batch, boxes, summary.failed, schedule)
 
     try:
         if pipeline == "sequential":
@@ -480,6 +526,8 @@ def run_video(predictor, source, args, stop: threading.Event | None = None) -> V
             progress.close()
         writer.close(completed=not summary.interrupted)
         _finish_summary(summary, reader, predictor.timer, started)
+        if schedule is not None:
+            summary.detector_frames, summary.det_every = schedule.detector_frames, schedule.every
     if not getattr(args, "quiet", False):
         print(summary.format(), file=sys.stderr)
     return summary
