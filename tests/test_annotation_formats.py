@@ -292,6 +292,7 @@ def test_predict_format_labelstudio_and_cvat_round_trip(tmp_path, coco_mini_dir,
     from test_evaluate import tiny_model, write_config
 
     import vitpose
+    from vitpose.inference.pipeline import read_records
 
     weights = tmp_path / "tiny.safetensors"
     vitpose.save_weights(tiny_model(seed=11), weights)
@@ -305,7 +306,7 @@ def test_predict_format_labelstudio_and_cvat_round_trip(tmp_path, coco_mini_dir,
     for fmt, out in outs.items():
         assert vitpose_main(base + ["--format", fmt, "--json", str(out), "--mark-below", "0.5"]) == 0, \
             capsys.readouterr().err
-    coco = json.loads(outs["coco"].read_text())
+    coco = read_records(outs["coco"])  # JSON Lines
     want = np.array([r["keypoints"] for r in coco]).reshape(-1, 17, 3)
     tasks = json.loads(outs["labelstudio"].read_text())
     exported = [{"id": i, "data": t["data"], "annotations": [{"result": t["predictions"][0]["result"]}]}

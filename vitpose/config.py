@@ -73,6 +73,12 @@ class ModelConfig:
     drop_path_rate: float | None = None  # None: the size's published value (S 0.1 ... H 0.55)
     grad_checkpointing: bool = False
     pretrained: str | None = None  # MAE or any file `load_weights` reads, to initialise from
+    # Fine-tuning (docs/recipe.md §9): initialise from a published model name, an HF repo id, a
+    # weights or checkpoint file; the backbone whole, the head by keypoint name (train.py --init).
+    init: str | None = None
+    init_expert: str | None = None  # the ViTPose+ expert (dataset) to take from a ViTPose+ source
+    # {this skeleton's keypoint: the source's keypoint} for joints named differently in the two.
+    init_keypoint_map: dict[str, str] = field(default_factory=dict)
     # Extra keyword arguments for build_model (e.g. {depth: 4, embed_dim: 192} for a tiny model).
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -157,6 +163,8 @@ class TrainConfig:
     thermal_limit_c: int = 85
     thermal_guard: bool = False  # pause while the GPU is above the limit
     tensorboard: bool = True
+    # Fine-tuning: the backbone gets no updates during the first N epochs (only the head trains).
+    freeze_backbone_epochs: int = 0
 
 
 @dataclass
@@ -366,6 +374,9 @@ _RANGES = [
     ("train.max_nonfinite", lambda v: v >= 1, "at least 1"),
     ("train.checkpoint_minutes", lambda v: v >= 0, ">= 0 (0: only at epoch ends)"),
     ("train.stop_at_iteration", lambda v: v is None or v >= 1, "at least 1 (or null)"),
+    ("train.freeze_backbone_epochs", lambda v: v >= 0, ">= 0 (0: the backbone trains from the start)"),
+    ("model.init_keypoint_map", lambda v: all(isinstance(k, str) and isinstance(t, str) for k, t in v.items()),
+     "a mapping of keypoint names to keypoint names ({this skeleton's name: the source's name})"),
     ("data.bbox_score_thr", lambda v: 0 <= v <= 1, "in [0, 1]"),
     ("data.max_bad_images", lambda v: v >= 0, ">= 0"),
     ("data.check_val_images", lambda v: v in ("sample", "all", "off"), "one of sample, all, off"),
@@ -385,3 +396,9 @@ def check_ranges(cfg: Config) -> None:
         value = getattr(getattr(cfg, section), key)
         if not ok(value):
             raise ConfigError(f"{dotted} = {value!r}: must be {must}")
+    if cfg.model.init and cfg.model.pretrained:
+        raise ConfigError(f"model.init = {cfg.model.init!r} and model.pretrained = {cfg.model.pretrained!r}: "
+                          f"set one (init: a whole pose model, head by keypoint name; pretrained: a backbone)")
+    if (cfg.model.init_expert or cfg.model.init_keypoint_map) and not cfg.model.init:
+        what = "model.init_expert" if cfg.model.init_expert else "model.init_keypoint_map"
+        raise ConfigError(f"{what} is set but model.init is not: name the model to initialise from (--init)")

@@ -69,6 +69,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=None, help="schedule.epochs")
     p.add_argument("--data-root", default=None, help="COCO root holding annotations/, train2017/, val2017/")
     p.add_argument("--work-dir", default=None, help="checkpoints, logs and the resolved config go here")
+    p.add_argument("--init", default=None, metavar="SOURCE",
+                   help="fine-tune from a pose model (model.init): a published name (vitpose-b), an HF repo id, a "
+                        "weights or checkpoint file; the backbone whole, the head by keypoint name")
+    p.add_argument("--init-expert", default=None, metavar="NAME",
+                   help="the expert (dataset) of a ViTPose+ --init source: coco, aic, mpii, ap10k, apt36k, "
+                        "coco_wholebody (model.init_expert)")
     p.add_argument("--resume", default=None, metavar="auto|PATH",
                    help="auto: the valid checkpoint in the work dir that records the most progress (fresh "
                         "start if none); or a file")
@@ -90,7 +96,8 @@ def flag_overrides(args) -> list[str]:
              ("loader.batch_size", args.batch_size), ("loader.num_workers", args.workers),
              ("schedule.epochs", args.epochs), ("data.root", args.data_root),
              ("train.work_dir", args.work_dir), ("train.seed", args.seed), ("train.device", args.device),
-             ("train.compile", True if args.compile else None)]
+             ("train.compile", True if args.compile else None), ("model.init", args.init),
+             ("model.init_expert", args.init_expert)]
     return [f"{key}={json.dumps(value)}" for key, value in pairs if value is not None]
 
 
@@ -131,6 +138,7 @@ def train(cfg: Config, config_path, resume: str | None, stop: runtime.StopFlag, 
                     return EXIT_OK
             if state.epoch >= cfg.schedule.epochs:
                 break
+            session.begin_epoch(job)  # the backbone frozen or not (train.freeze_backbone_epochs)
             end = trainer.train_one_epoch(job.train_run, job.loaders.train(state.epoch, start_batch=state.batch),
                                           state.epoch, cfg, job.batches_per_epoch, job.watch,
                                           save_last=functools.partial(session.save, job, "last.pth"))

@@ -492,15 +492,39 @@ def _person_category(names=KEYPOINT_NAMES, skeleton=SKELETON) -> dict:
             "skeleton": [[a + 1, b + 1] for a, b in skeleton]}
 
 
-def keypoint_columns(dataset_info) -> list[int]:
-    """The COCO-17 column of each keypoint of a skeleton named with COCO's names (None: all 17)."""
+# Keypoints COCO does not have, placed halfway between two COCO joints (a skeleton that shares
+# some joints with COCO and adds new ones: the fine-tuning evidence, configs/demo_k7.yaml). A
+# midpoint is labelled only where both ends are, with the lower of their visibilities.
+MIDPOINTS = {"neck": ("left_shoulder", "right_shoulder"), "mid_hip": ("left_hip", "right_hip")}
+
+
+def keypoint_columns(dataset_info) -> list:
+    """The COCO-17 column of each keypoint of a skeleton named with COCO's names (None: all 17);
+    a pair of columns for a keypoint of MIDPOINTS."""
     if dataset_info is None:
         return list(range(NUM_KEYPOINTS))
-    unknown = [n for n in dataset_info.keypoint_names if n not in K]
+    unknown = [n for n in dataset_info.keypoint_names if n not in K and n not in MIDPOINTS]
     if unknown:
         raise ValueError(f"make_coco draws COCO's people: the skeleton {dataset_info.name!r} names keypoints it "
-                         f"cannot place ({', '.join(unknown)}); use names from {', '.join(KEYPOINT_NAMES)}")
-    return [K[n] for n in dataset_info.keypoint_names]
+                         f"cannot place ({', '.join(unknown)}); use names from {', '.join(KEYPOINT_NAMES)} "
+                         f"or {', '.join(MIDPOINTS)}")
+    return [K[n] if n in K else (K[MIDPOINTS[n][0]], K[MIDPOINTS[n][1]]) for n in dataset_info.keypoint_names]
+
+
+def _skeleton_labels(keypoints: np.ndarray, columns: list) -> np.ndarray:
+    """(P, len(columns), 3) COCO (x, y, v) labels of the columns from (P, 17, 3) ones."""
+    if all(isinstance(c, int) for c in columns):
+        return keypoints[:, columns]
+    out = np.zeros((keypoints.shape[0], len(columns), 3), keypoints.dtype)
+    for j, column in enumerate(columns):
+        if isinstance(column, int):
+            out[:, j] = keypoints[:, column]
+            continue
+        a, b = keypoints[:, column[0]], keypoints[:, column[1]]
+        v = np.minimum(a[:, 2], b[:, 2])
+        out[:, j, :2] = np.where(v[:, None] > 0, (a[:, :2] + b[:, :2]) / 2, 0.0)
+        out[:, j, 2] = v
+    return out
 
 
 STAMP_NAME = "synthetic.json"  # marks a folder this project created for a synthetic set
@@ -574,7 +598,7 @@ def make_coco(root, num_images: int, seed: int, split: str = "train", image_size
         (img_dir / file_name).write_bytes(jpg.tobytes())
         images.append({"id": image_id, "file_name": file_name, "width": width, "height": height})
 
-        labels = sample.keypoints[:, columns]
+        labels = _skeleton_labels(sample.keypoints, columns)
         num_visible = (labels[:, :, 2] > 0).sum(1)
         for kp, box, n in zip(labels, sample.bboxes, num_visible):
             if box[2] < 1 or box[3] < 1:  # entirely outside the image: not a person in it

@@ -38,6 +38,7 @@ from vitpose.data.metainfo import DatasetInfo
 from vitpose.data.synthetic import claim_synthetic_root, make_coco
 from vitpose.engine import checkpoint, evaluate
 from vitpose.engine import distributed as D
+from vitpose.engine.finetune import apply_backbone_freeze, init_from_source
 from vitpose.engine.gpu_monitor import GpuMonitor
 from vitpose.engine.optim import build_optimizer
 from vitpose.engine.precision import resolve_precision
@@ -129,6 +130,8 @@ def set_up_model(cfg: Config, ctx: D.DistContext, resume: str | None, batches_pe
     model = build_model_from_config(cfg.model, skeleton)  # carries its ModelSpec into every checkpoint
     if cfg.model.pretrained:
         load_pretrained(model, cfg.model.pretrained, ctx.is_main)
+    if cfg.model.init:  # fine-tuning: backbone from the source, head channels by keypoint name
+        init_from_source(model, cfg, skeleton, Path(cfg.train.work_dir), ctx.is_main)
     model.to(ctx.device)
     global_batch = cfg.loader.batch_size * ctx.world_size * cfg.optim.accum_steps
     optimizer, schedule = build_optimizer(model, cfg.optim, cfg.schedule, global_batch)
@@ -141,8 +144,20 @@ def set_up_model(cfg: Config, ctx: D.DistContext, resume: str | None, batches_pe
     state = TrainState()
     if resume:
         state = resume_from(resume, Path(cfg.train.work_dir), cfg, model, optimizer, precision, ctx, batches_per_epoch)
-    train_model = D.wrap_model(torch.compile(model) if cfg.train.compile else model, ctx)
-    return TrainRun(model, train_model, optimizer, schedule, precision, ctx, state)
+    return TrainRun(model, wrap_for_training(model, cfg, ctx), optimizer, schedule, precision, ctx, state)
+
+
+def wrap_for_training(model, cfg: Config, ctx: D.DistContext):
+    """The model the batches go through: torch.compile (train.compile) inside DDP (several processes)."""
+    return D.wrap_model(torch.compile(model) if cfg.train.compile else model, ctx)
+
+
+def begin_epoch(session: Session) -> None:
+    """Before epoch `state.epoch`: freeze or unfreeze the backbone (`train.freeze_backbone_epochs`;
+    the epoch alone decides, so a resumed run does the same), wrapping the model again on a change."""
+    run = session.train_run
+    if apply_backbone_freeze(run.model, session.state.epoch, session.cfg, session.telemetry.message):
+        run.train_model = wrap_for_training(run.model, session.cfg, session.ctx)
 
 
 def set_up_reporting(cfg: Config, config_path, run: TrainRun, loaders: Loaders, instances: int, stop: StopFlag,

@@ -22,27 +22,16 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
-
 import numpy as np
 import torch
+
+from vitpose.inference.results import Detections, FullFrame
 
 __all__ = ["DETECTORS", "DetectorInfo", "Detections", "FullFrame", "PersonDetector", "build_detector", "default_detector_name",
            "make_detector"]
 
 PERSON_LABEL = 1  # COCO category id of "person" in torchvision's 91-entry label space
 DEFAULT_SCORE_THRESHOLD = 0.3  # MMPose's top-down demo (`--bbox-thr 0.3`)
-
-
-class Detections(NamedTuple):
-    """Person boxes of one image: boxes (M, 4) float32 xyxy pixels, scores (M,) float32."""
-
-    boxes: np.ndarray
-    scores: np.ndarray
-
-
-def _empty() -> Detections:
-    return Detections(np.zeros((0, 4), np.float32), np.zeros(0, np.float32))
 
 
 @dataclass(frozen=True)
@@ -104,7 +93,8 @@ class PersonDetector:
     def __init__(self, model: torch.nn.Module, score_threshold: float = DEFAULT_SCORE_THRESHOLD, device=None,
                  batch_size: int = 8, person_label: int = PERSON_LABEL):
         if not 0.0 <= score_threshold <= 1.0:
-            raise ValueError(f"score_threshold must be in [0, 1], got {score_threshold}")
+            raise ValueError(f"score_threshold (vitpose predict --detector-threshold) must be in [0, 1], "
+                             f"got {score_threshold}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if device is None:
@@ -140,17 +130,6 @@ class PersonDetector:
             batch = [self._as_input(image, channels) for image in images[start:start + self.batch_size]]
             found += [self._people(out) for out in self.model(batch)]
         return found
-
-
-class FullFrame:
-    """The whole image as one person box with score 1 (single-person clips, pre-cropped images)."""
-
-    def __call__(self, images: Sequence[np.ndarray], channels: str = "rgb") -> list[Detections]:
-        out = []
-        for image in images:
-            h, w = image.shape[:2]
-            out.append(Detections(np.array([[0, 0, w, h]], np.float32), np.ones(1, np.float32)))
-        return out
 
 
 def build_detector(name: str, device=None, score_threshold: float = DEFAULT_SCORE_THRESHOLD,

@@ -21,7 +21,8 @@ import numpy as np
 
 from vitpose.coco_meta import SIGMAS
 
-__all__ = ["KeypointSmoother", "OneEuroFilter", "Tracker", "box_iou", "keypoint_oks"]
+__all__ = ["DetectionSchedule", "KeypointSmoother", "OneEuroFilter", "Tracker", "box_iou", "boxes_from_keypoints",
+           "keypoint_oks"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -296,3 +297,60 @@ class KeypointSmoother:
             self.filters[track_id] = (one_euro, frame)
         self.filters = {k: v for k, v in self.filters.items() if frame - v[1] <= self.max_age}
         return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Detection every N frames (`--det-every N`)
+
+
+def boxes_from_keypoints(keypoints: np.ndarray, keypoint_scores: np.ndarray, image_size,
+                         min_score: float = 0.3, expansion: float = 1.25) -> np.ndarray:
+    """Person boxes for the next frame from this frame's poses: the extent of each person's
+    keypoints scored above `min_score` (all of them when fewer than two are), grown `expansion`
+    times about its centre (a detector's box reaches past the joints: head top, feet, hands) and
+    clipped to the image (w, h). (M, K, 2), (M, K) -> (M, 4) float32 xyxy."""
+    boxes = np.zeros((len(keypoints), 4), np.float32)
+    w, h = image_size
+    for m, (points, scores) in enumerate(zip(np.asarray(keypoints, np.float64), np.asarray(keypoint_scores))):
+        confident = points[np.asarray(scores) > min_score]
+        points = confident if len(confident) >= 2 else points
+        low, high = points.min(axis=0), points.max(axis=0)
+        centre, half = (low + high) / 2, (high - low) * expansion / 2
+        boxes[m] = np.clip(np.concatenate([centre - half, centre + half]), 0, [w, h, w, h])
+    return boxes
+
+
+class DetectionSchedule:
+    """When to run the detector on a video (rtmlib's `det_frequency`, easy_ViTPose's `--yolo-step`):
+    on every `every`-th frame, and between those on the boxes of the previous frame's poses
+    (`boxes_from_keypoints`). A person is lost when their mean keypoint score falls below
+    `min_mean_score` or their carried box has collapsed; then that frame is detected again.
+
+    `boxes_for(index)` -> the carried boxes (M, 5: xyxy + the detector's score of the person) or
+    None (run the detector); `update(poses, image_size)` after each frame; `lost(scores)` says
+    whether a frame's poses on carried boxes need the detector after all."""
+
+    def __init__(self, every: int, min_mean_score: float = 0.3, min_box_side: float = 4.0):
+        if int(every) < 1:
+            raise ValueError(f"--det-every must be >= 1, got {every}")
+        self.every, self.min_mean_score, self.min_box_side = int(every), min_mean_score, min_box_side
+        self.carried: np.ndarray | None = None
+        self.detector_frames = 0
+
+    def boxes_for(self, index: int) -> np.ndarray | None:
+        if self.every == 1 or index % self.every == 0 or self.carried is None or not len(self.carried):
+            return None
+        return self.carried
+
+    def lost(self, keypoint_scores: np.ndarray) -> bool:
+        scores = np.asarray(keypoint_scores, np.float64).reshape(len(keypoint_scores), -1)
+        return bool(len(scores) == 0 or (scores.mean(axis=1) < self.min_mean_score).any())
+
+    def update(self, poses, image_size) -> None:
+        """poses: a `Poses` (boxes, box_scores, keypoints, keypoint_scores) of the frame just done."""
+        boxes = boxes_from_keypoints(poses.keypoints, poses.keypoint_scores, image_size) if len(poses) else \
+            np.zeros((0, 4), np.float32)
+        sides = np.minimum(boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1])
+        keep = sides >= self.min_box_side
+        scores = np.asarray(poses.box_scores, np.float32).reshape(-1)[keep]
+        self.carried = np.concatenate([boxes[keep], scores[:, None]], axis=1)
