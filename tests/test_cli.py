@@ -49,6 +49,9 @@ def test_every_command_is_a_subcommand_with_the_shared_options():
             assert {"--config", "--debug"} <= options, name
     for name in ("train", "evaluate", "tune"):
         assert set(cli.SHARED) <= option_strings(commands[name]), name
+    # a command that has no config fields to set does not take --set (it would silently do nothing)
+    for name in ("predict", "export", "plot", "import-annotations"):
+        assert "--set" not in option_strings(commands[name]), name
 
 
 @pytest.mark.parametrize("script, argv", [

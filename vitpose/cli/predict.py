@@ -59,7 +59,7 @@ class UsageError(UserError):
 def add_parser(subparsers) -> argparse.ArgumentParser:
     doc = __doc__.split("\n\n")
     p = subparsers.add_parser("predict", help="poses in images, directories, videos or a webcam",
-                              description=doc[0], epilog="\n\n".join(doc[1:]),
+                              shared=("--config", "--device", "--debug"), description=doc[0], epilog="\n\n".join(doc[1:]),
                               formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("source", nargs="+",
                    help="images and directories of images, or one video file or webcam index (0, 1, ...)")

@@ -640,6 +640,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     """The `export` subcommand on `vitpose`'s subparsers."""
     parser = subparsers.add_parser(
         "export", help="write an ONNX or torch.export file, only after it ran equal to PyTorch",
+        shared=("--config", "--debug"),  # vitpose.cli.CommandParser: no --set or --device here
         description="Export a ViTPose checkpoint. The file is written only after it has been run "
                     "(onnxruntime CPU / torch.export.load) on real crops at batch 1 and a larger batch "
                     "and found equal to PyTorch (heatmaps within 1e-4; fp16: 1e-2 of the peak). "
