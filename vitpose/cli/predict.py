@@ -65,6 +65,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--smooth", action="store_true", help="video: One-Euro filter on the keypoints")
     p.add_argument("--no-flip", action="store_true", help="skip the flip test (about 2x faster)")
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: CUDA when available)")
+    p.add_argument("--det-classes", nargs="+", default=None, metavar="CLASS",
+                   help="COCO classes the detector keeps, names or ids (default: the model's skeleton's: "
+                        "bird..giraffe for AP-10K / APT-36K, person otherwise)")
+    p.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
+                   help="auto (default): bf16 on a CPU with AVX512-BF16 or AMX, bf16 or fp16 on CUDA, else fp32 "
+                        "(AP within 0.002 of fp32: BENCHMARKS.md)")
     p.add_argument("--batch-images", type=int, default=8, help="images per model call (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=32, help="person crops per forward pass (default: %(default)s)")
     p.add_argument("--keypoint-threshold", type=float, default=0.3,
@@ -222,7 +228,8 @@ def build_predictor(args):
         raise UsageError(f"--device: {e}") from None
     return Predictor.from_pretrained(args.model, detector=None if detector == "none" else detector, device=device,
                                      config=args.config, flip_test=not args.no_flip, batch_size=args.batch_size,
-                                     detector_threshold=args.detector_threshold)
+                                     detector_threshold=args.detector_threshold, precision=args.precision,
+                                     det_classes=args.det_classes)
 
 
 def run(args) -> int:

@@ -25,7 +25,7 @@ import torch
 from vitpose.codecs.udp import UDPHeatmap
 from vitpose.data.geometry import bbox_xywh2xyxy, person_boxes_to_center_scale
 from vitpose.data.transforms import topdown_crops
-from vitpose.device import resolve_device
+from vitpose.device import resolve_device, resolve_precision
 from vitpose.topdown import forward_heatmaps, heatmaps_to_keypoints
 
 __all__ = ["Poses", "Predictor", "StageTimer"]
@@ -90,6 +90,9 @@ class Predictor:
         flip_test: average with the mirrored crop (on by default, as in ViTPose's evaluation).
         codec: the heatmap codec (default: `UDPHeatmap()`, 192x256 input, 48x64 heatmaps).
         amp_dtype: torch.bfloat16 / torch.float16 to run under autocast; None = float32.
+        precision: "auto" | "fp32" | "bf16" | "fp16" instead of `amp_dtype`
+            (`vitpose.device.resolve_precision`: auto = bf16 on a CPU with AVX512-BF16 or AMX, bf16
+            or fp16 on CUDA, else fp32). None (default) = `amp_dtype`, i.e. fp32 unless given.
         batch_size: boxes per forward pass.
         detector: the person detector `predictor(image)` uses: a callable
             `(images, channels) -> [vitpose.inference.detect.Detections]` (e.g. `vitpose.inference.detect.PersonDetector`,
@@ -109,7 +112,8 @@ class Predictor:
 
     def __init__(self, model, model_name: str = "vitpose-s", decoder: str = "classic", device=None,
                  flip_test: bool = True, codec=None, amp_dtype=None, batch_size: int = 32,
-                 flip_indices: Sequence[int] | None = None, detector=None, **model_kwargs):
+                 flip_indices: Sequence[int] | None = None, detector=None, precision: str | None = None,
+                 **model_kwargs):
         if isinstance(model, (str, Path)):
             from vitpose.models.checkpoint import load_weights
             from vitpose.models.vitpose import build_model
@@ -122,6 +126,10 @@ class Predictor:
         elif not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module or a checkpoint path, got {type(model).__name__}")
         self.device = resolve_device(device)
+        if precision is not None:
+            if amp_dtype is not None:
+                raise ValueError("give precision= or amp_dtype=, not both")
+            amp_dtype = resolve_precision(precision, self.device)
         self.model = model.to(self.device).eval()
         self.codec = codec if codec is not None else UDPHeatmap()
         self.flip_test = bool(flip_test)
@@ -133,7 +141,7 @@ class Predictor:
 
     @classmethod
     def from_pretrained(cls, name_or_path, detector="default", device=None, config=None, expert: str | None = None,
-                        detector_threshold: float | None = None, **kwargs) -> Predictor:
+                        detector_threshold: float | None = None, det_classes=None, **kwargs) -> Predictor:
         """A Predictor for published weights by name (`vitpose.models.hub.list_models()`) or a weights file.
 
         Args:
@@ -147,10 +155,12 @@ class Predictor:
             config: a training config (YAML path or `Config`) for weights of a custom model.
             expert: the ViTPose+ expert for `vitpose-plus-*` files ("coco" by default).
             detector_threshold: minimum person score (default `vitpose.inference.detect.DEFAULT_SCORE_THRESHOLD`).
+            det_classes: COCO class names or ids the detector keeps (default: the model's skeleton's:
+                animals for AP-10K / APT-36K, else person; `vitpose.inference.detect.detector_labels`).
             kwargs: go to `Predictor` (flip_test, batch_size, amp_dtype, ...).
         """
         from vitpose.models import hub
-        from vitpose.inference.detect import DEFAULT_SCORE_THRESHOLD, make_detector
+        from vitpose.inference.detect import DEFAULT_SCORE_THRESHOLD, detector_labels, make_detector
 
         path = hub.download(name_or_path)
         if config is not None:
@@ -159,7 +169,8 @@ class Predictor:
             spec = hub.model_spec(name_or_path, expert=expert)
             predictor = cls(_build_and_load(spec, path, str(name_or_path)), device=device, **kwargs)
         threshold = DEFAULT_SCORE_THRESHOLD if detector_threshold is None else detector_threshold
-        predictor.detector = make_detector(detector, predictor.device, threshold)
+        labels = detector_labels(getattr(predictor, "skeleton", None), det_classes)
+        predictor.detector = make_detector(detector, predictor.device, threshold, labels)
         return predictor
 
     @classmethod
@@ -175,11 +186,14 @@ class Predictor:
         from vitpose.models.checkpoint import load_weights
 
         cfg = config if isinstance(config, Config) else load_config(config)
+        skeleton = build_dataset_info(cfg)
         if "flip_indices" not in kwargs:  # the flip test mirrors with the config's skeleton
-            kwargs["flip_indices"] = build_dataset_info(cfg).flip_indices
+            kwargs["flip_indices"] = skeleton.flip_indices
         model = build_model_from_config(cfg.model)
         load_weights(model, checkpoint)
-        return cls(model, codec=build_codec(cfg.model), **kwargs)
+        predictor = cls(model, codec=build_codec(cfg.model), **kwargs)
+        predictor.skeleton = skeleton  # the detector's classes follow it (until __init__ takes skeleton=)
+        return predictor
 
     def boxes_to_center_scale(self, boxes, box_format: str = "xyxy", image_shape=None):
         """(M, 4|5) boxes -> centre (M, 2), scale (M, 2) float32 (`geometry.person_boxes_to_center_scale`)."""
