@@ -57,7 +57,7 @@ def test_predict_equals_evaluate_and_predictor_on_the_same_boxes(tmp_path, coco_
     dets.write_text(json.dumps(subset))
     out = tmp_path / "results.json"
     code, printed, _ = run_cli([coco_mini_dir, "--config", config, "--model", checkpoint, "--boxes", dets,
-                                "--json", out, "--device", "cpu", "--batch-size", 1], capsys)
+                                "--json", out, "--device", "cpu", "--batch-size", 1, "--precision", "fp32"], capsys)
     assert code == 0
     assert "4 images, 12 people" in printed
     for stage in ("decode", "crop", "pose", "decode heatmaps", "write", "total"):
