@@ -20,7 +20,6 @@ precisions in rounds after a warm-up, and prints the median and the spread of ea
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -31,6 +30,8 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from rounds import alternate, load_note, spread, warm_up  # noqa: E402
 
 from vitpose.device import PRECISIONS, precision_name, resolve_precision  # noqa: E402
 from vitpose.engine.evaluate import predict  # noqa: E402
@@ -101,7 +102,7 @@ def compare_precisions(model, make_batches, codec, evaluator, precisions, device
 
 def time_precisions(model, make_batches, codec, precisions, rounds: int, device="cpu", flip_indices=None,
                     crops: int = 0):
-    """Crops/s of the prediction loop per precision: alternating rounds after steady warm-up.
+    """Crops/s of the prediction loop per precision: alternating rounds after a warm-up until steady.
 
     Returns {name: [crops/s of each round]}; fp32 is always measured (the baseline)."""
     names = ["fp32"] + [p for p in precisions if p != "fp32"]
@@ -113,17 +114,9 @@ def time_precisions(model, make_batches, codec, precisions, rounds: int, device=
                 flip_indices=flip_indices)
         return time.perf_counter() - start
 
-    for name in names:  # warm up each until two consecutive passes agree within 10%
-        previous = once(name)
-        for _ in range(5):
-            current = once(name)
-            if abs(current - previous) <= 0.1 * previous:
-                break
-            previous = current
-    seconds = {name: [] for name in names}
-    for r in range(rounds):
-        for name in (names if r % 2 == 0 else names[::-1]):  # alternate the order too
-            seconds[name].append(once(name))
+    for name in names:
+        warm_up(lambda name=name: once(name), max_steps=8)
+    seconds = alternate({name: (lambda name=name: once(name)) for name in names}, rounds)
     return {name: [crops / s for s in values] for name, values in seconds.items()}
 
 
@@ -180,10 +173,11 @@ def main(argv=None) -> int:
         print(r.line())
     if args.repeats:
         rates = time_precisions(model, make_batches, codec, args.precisions, args.repeats, device, flip_indices, crops)
-        base = statistics.median(rates["fp32"])
+        print(load_note())
         for name, values in rates.items():
-            med = statistics.median(values)
-            print(f"{name}: {med:.1f} crops/s (rounds {min(values):.1f}-{max(values):.1f}), {med / base:.2f}x fp32")
+            speedup = [v / b for v, b in zip(values, rates["fp32"])]  # within each round: same load
+            print(f"{name}: {spread(values)} crops/s over rounds (median [min-max]); speed-up over fp32 per round "
+                  f"{spread(speedup)}")
     return 0 if all(r.passed for r in results) else 1
 
 
