@@ -620,7 +620,9 @@ def main():
     inputs = load_inputs(args.max_images, args.max_boxes, args.data_root)
     people = sum(len(item["boxes_xywh"]) for item in inputs)
     frames = len(inputs)
-    print(f"{args.model} {args.decoder}, flip test {'on' if flip else 'off'}, {frames} coco-mini images, {people} "
+    model_label = args.config if args.config is not None else f"{args.model} {args.decoder}"
+    source = "coco-mini" if args.data_root is None else f"{args.data_root} val2017"
+    print(f"{model_label}, flip test {'on' if flip else 'off'}, {frames} {source} images, {people} "
           f"boxes, {args.device}, {args.threads} torch threads, warm-up until steady then {args.repeats} alternating "
           f"rounds, torch {torch.__version__}, OpenCV {cv2.__version__}; {load_note()}")
 
