@@ -194,3 +194,18 @@ def test_a_random_weight_detector_keeps_the_classes_of_the_skeleton(skeleton, de
         kept |= {names[label] for label in theirs["labels"][keep].tolist()}
     # ap10k: horses kept, dogs below the threshold dropped, people and cars dropped for their class.
     assert kept == {"ap10k": {"horse"}, "coco": {"person"}}[skeleton] if det_classes is None else kept == {"car", "horse"}
+
+
+def test_predict_command_names_a_misspelt_class_before_loading_a_model(tmp_path, capsys):
+    import cv2
+
+    from vitpose.cli import main
+
+    image = tmp_path / "a.png"
+    cv2.imwrite(str(image), np.zeros((32, 24, 3), np.uint8))
+    code = main(["predict", str(image), "--model", str(tmp_path / "no-such-model.pth"), "--det-classes", "dgo"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.strip().splitlines()[-1] == ("vitpose predict: error: --det-classes: 'dgo' is not a COCO class name or "
+                                            "label id; did you mean dog? e.g. person, dog, horse, cow, or ids 1-90 "
+                                            "(80 classes)")

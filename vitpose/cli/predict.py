@@ -226,6 +226,13 @@ def build_predictor(args):
         device = resolve_device(args.device)
     except ValueError as e:
         raise UsageError(f"--device: {e}") from None
+    if args.det_classes is not None:  # a misspelt class stops before any model loads
+        from vitpose.inference.detect import parse_det_classes
+
+        try:
+            parse_det_classes(args.det_classes)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     return Predictor.from_pretrained(args.model, detector=None if detector == "none" else detector, device=device,
                                      config=args.config, flip_test=not args.no_flip, batch_size=args.batch_size,
                                      detector_threshold=args.detector_threshold, precision=args.precision,
