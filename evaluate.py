@@ -100,10 +100,10 @@ def resolve_boxes(args, cfg, root: Path) -> Path | None:
 
 def draw_examples(dataset, predictions, out_dir: Path, num_images: int, thr: float = 0.3) -> list[Path]:
     """PNG drawings of every prediction (after NMS) on the first `num_images` images."""
-    import cv2
     import numpy as np
 
     from vitpose.data.image_io import load_image
+    from vitpose.files import write_image
     from vitpose.inference.draw import draw_pose
 
     by_image: dict[int, list[dict]] = {}
@@ -124,25 +124,29 @@ def draw_examples(dataset, predictions, out_dir: Path, num_images: int, thr: flo
         canvas = draw_pose(image, keypoints, scores, thr=thr, channels="bgr", skeleton=skeleton.skeleton,
                            keypoint_colors=skeleton.keypoint_colors, link_colors=skeleton.link_colors)
         path = out_dir / f"{image_id:012d}.png"
-        cv2.imwrite(str(path), canvas)
+        write_image(path, canvas)  # a numpy buffer: any --vis folder name the OS allows
         written.append(path)
     return written
+
+
+def check_outputs(args, cfg, inputs) -> Path:
+    """The predictions file (--out), its .coco_results.json and --vis, checked before any work."""
+    from vitpose.files import check_output
+
+    out = check_output(args.out or Path(cfg.train.work_dir) / "eval" / "predictions.json", "--out", inputs=inputs)
+    check_output(out.with_name(out.name.removesuffix(".json") + ".coco_results.json"), "--out", inputs=inputs)
+    if args.vis is not None:
+        check_output(args.vis, "--vis", kind="dir", inputs=inputs)
+    return out
 
 
 def run(args) -> dict:
     from torch.utils.data import DataLoader
 
-    from vitpose.builders import (
-        build_codec,
-        build_dataset_info,
-        build_evaluator,
-        build_model_from_config,
-        build_val_set,
-    )
+    from vitpose.builders import build_dataset_info, build_evaluator, build_val_set, load_model
     from vitpose.config import load_config
     from vitpose.engine.evaluate import format_stats, predict
     from vitpose.evaluation.coco_evaluator import save_predictions
-    from vitpose.models import load_weights
 
     cfg = load_config(args.config, args.overrides)
     root = Path(args.data_root if args.data_root is not None else cfg.data.root)
@@ -157,15 +161,14 @@ def run(args) -> dict:
     if bbox_file is not None and not Path(bbox_file).is_file():
         raise UsageError(f"person detection file not found: {bbox_file} "
                                 "(give one with --bbox-file, or evaluate on GT boxes with --gt-boxes)")
+    out = check_outputs(args, cfg, inputs=(ann_file, bbox_file, args.checkpoint, args.config))  # before the work
 
     # Build everything that can fail on bad input before the long part starts.
     skeleton = build_dataset_info(cfg, root)  # K, flip pairs and OKS sigmas of the data
     evaluator = build_evaluator(cfg, skeleton, root=root)  # as MMPose scores data.dataset_info
     dataset = build_val_set(cfg, root, bbox_file, info=skeleton)
-    model = build_model_from_config(cfg.model)
-    report = load_weights(model, args.checkpoint)
-    model.to(device).eval()
-    codec = build_codec(cfg.model)
+    loaded = load_model(args.checkpoint, config=cfg, device=device)  # the one way to a model
+    model, codec, report = loaded.model, loaded.codec, loaded.report
 
     rescoring = (f"bbox_score x mean(keypoint scores > {cfg.eval.keypoint_score_thr:g})"
                  if cfg.eval.score_mode == "bbox_keypoint" else "none (bbox score)")
@@ -192,7 +195,6 @@ def run(args) -> dict:
     if evaluator.last_nonfinite:
         print(f"non-finite: {evaluator.last_nonfinite} of {len(predictions)} predictions have non-finite keypoints "
               f"or scores (a diverged or broken model?); they are scored as misses (OKS 0)")
-    out = args.out or Path(cfg.train.work_dir) / "eval" / "predictions.json"
     save_predictions(predictions, out)
     results_file = evaluator.write_results(predictions, out.with_name(out.name.removesuffix(".json") + ".coco_results.json"))
     print(f"written   : {out} (raw predictions), {results_file} (the COCO results scored)")
@@ -219,12 +221,13 @@ def main(argv=None) -> dict:
     # Errors about the user's files are printed as one line, without a traceback from deep inside.
     from vitpose.config import ConfigError
     from vitpose.data.errors import DataError
+    from vitpose.errors import UserError
     from vitpose.evaluation.coco_evaluator import PredictionError
     from vitpose.models.checkpoint import CheckpointError
 
     try:
         return run(args)
-    except (DataError, ConfigError, CheckpointError, PredictionError, FileNotFoundError, UsageError) as e:
+    except (DataError, ConfigError, CheckpointError, PredictionError, FileNotFoundError, UsageError, UserError) as e:
         print(f"evaluate.py: error: {e}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE) from None
 

@@ -221,7 +221,7 @@ def train(cfg, config_path: Path, resume: str | None, stop, overwrite: bool = Fa
         batches_per_epoch = loaders.train_batches_per_epoch
 
         # ---- model, optimizer (layer decay + warmup/step schedule), precision
-        model = build_model_from_config(cfg.model)
+        model = build_model_from_config(cfg.model, skeleton)  # carries its ModelSpec into every checkpoint
         if cfg.model.pretrained:
             load_pretrained(model, cfg.model.pretrained, is_main)
         model.to(ctx.device)
@@ -435,7 +435,8 @@ def missing_data_message(cfg, missing: dict[str, Path], config_path: Path) -> st
 def ensure_synthetic_data(cfg) -> None:
     """Write the demo's synthetic COCO-layout set under data.root unless it is already there."""
     from vitpose.builders import build_dataset_info
-    from vitpose.data.synthetic import make_coco
+    from vitpose.data.synthetic import claim_synthetic_root, make_coco
+    from vitpose.files import write_atomic
 
     root = Path(cfg.data.root)
     want = {"train": cfg.data.synthetic_train_images, "val": cfg.data.synthetic_val_images,
@@ -447,10 +448,11 @@ def ensure_synthetic_data(cfg) -> None:
     stamp = root / "synthetic.json"
     if stamp.is_file() and json.loads(stamp.read_text()) == want and not missing_data_files(cfg):
         return
+    claim_synthetic_root(root, want["train"])  # never into a folder of the user's (#18 item 1): one line instead
     print(f"writing the synthetic set ({want['train']} training and {want['val']} validation images) to {root}")
     make_coco(root, want["train"], seed=want["seed"], split="train", dataset_info=info)
     make_coco(root, max(want["val"], 1), seed=want["seed"], split="val", dataset_info=info)
-    stamp.write_text(json.dumps(want))
+    write_atomic(stamp, json.dumps(want))
 
 
 if __name__ == "__main__":

@@ -76,7 +76,7 @@ from safetensors.torch import save_file
 
 from vitpose.data.geometry import bbox_xywh2xyxy
 from vitpose.inference.predictor import Predictor
-from vitpose.inference.video import Frame, StageTimer, pose_batch
+from vitpose.inference.results import StageTimer
 from vitpose.models.checkpoint import load_weights
 from vitpose.models.vitpose import build_model
 
@@ -210,46 +210,35 @@ def run_ours_predict(predictor, inputs, timer=None):
 
 
 def run_ours_batched(predictor, inputs, timer=None, flip=True):
-    """All images' crops through the model together; JPEG decoding in a reader thread."""
+    """All images' crops through the model together (`predictor(images, boxes)`); JPEG decoding in a reader thread."""
     timer = timer or StageTimer()
     frames = [None] * len(inputs)
 
     def read():
         for i, item in enumerate(inputs):
             t0 = time.perf_counter()
-            bgr = cv2.imread(item["path"], cv2.IMREAD_COLOR)
-            frames[i] = Frame(i, bgr, cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))
+            frames[i] = cv2.imread(item["path"], cv2.IMREAD_COLOR)
             timer.add("decode", time.perf_counter() - t0)
 
     reader = threading.Thread(target=read)
     reader.start()
     reader.join()
-    detections = [(np.array(item["boxes_xyxy"], np.float64), np.ones(len(item["boxes_xyxy"]))) for item in inputs]
-    poses = pose_batch(predictor, frames, detections, timer, flip, gpu_warp=predictor.device.type == "cuda")
+    restore = instrument_predictor(predictor, timer)
+    predictor.flip_test = flip
+    try:
+        poses = predictor(frames, boxes=[np.array(item["boxes_xyxy"], np.float32) for item in inputs], channels="bgr")
+    finally:
+        restore()
     return [(p.keypoints, p.keypoint_scores) for p in poses]
 
 
-def instrument_predictor(timer):
-    """Timers around the functions Predictor.predict calls (one extra pass, for stage shares)."""
-    import vitpose.inference.predictor as inference
-
-    originals = (inference.forward_heatmaps, inference.heatmaps_to_keypoints, Predictor.crops)
-
-    def timed(stage, fn):
-        def wrapper(*a, **kw):
-            t0 = time.perf_counter()
-            try:
-                return fn(*a, **kw)
-            finally:
-                timer.add(stage, time.perf_counter() - t0)
-        return wrapper
-
-    inference.forward_heatmaps = timed("pose", originals[0])
-    inference.heatmaps_to_keypoints = timed("decode heatmaps", originals[1])
-    Predictor.crops = timed("crop", originals[2])
+def instrument_predictor(predictor, timer):
+    """The predictor's own stage timer (crop, pose, decode heatmaps) adds into `timer` until restored."""
+    original = predictor.timer
+    predictor.timer = timer
 
     def restore():
-        inference.forward_heatmaps, inference.heatmaps_to_keypoints, Predictor.crops = originals
+        predictor.timer = original
     return restore
 
 
@@ -564,9 +553,7 @@ def bench_pipeline(predictors, args, folder):
         results = {}
         for pipeline in ("sequential", "threads", "sequential", "threads"):
             ns = argparse.Namespace(out=str(folder / f"out_{pipeline}"), json=str(folder / f"{pipeline}.json"),
-                                    track=True, smooth=False, no_flip=args.no_flip, device=args.device,
-                                    detector="none",
-                                    boxes=str(boxes), pipeline=pipeline, progress=False, quiet=True,
+                                    track=True, smooth=False, boxes=str(boxes), pipeline=pipeline, progress=False, quiet=True,
                                     batch_frames=args.batch_frames)
             results.setdefault(pipeline, []).append(run_video(predictor, str(path), ns))
         best = {k: min(v, key=lambda s: s.wall_seconds) for k, v in results.items()}
@@ -669,7 +656,7 @@ def main():
 
         rows = []
         stages = StageTimer()
-        restore = instrument_predictor(stages)
+        restore = instrument_predictor(predictor, stages)
         try:
             run_ours_predict(predictor, inputs, stages)
         finally:

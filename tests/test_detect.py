@@ -123,7 +123,8 @@ def test_names(monkeypatch, tmp_path):
     # Weights come from torchvision's cache; offline and not cached: say what to fetch.
     monkeypatch.setenv("TORCH_HOME", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(RuntimeError, match=r"weights not in torchvision's cache .*fasterrcnn_mobilenet_v3_large_fpn"):
+    with pytest.raises(RuntimeError, match=r"not in the torch.hub cache and HF_HUB_OFFLINE is set: fetch "
+                                           r".*fasterrcnn_mobilenet_v3_large_fpn.*--detector full-frame"):
         make_detector("default", device="cpu")
 
 

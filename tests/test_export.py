@@ -256,7 +256,7 @@ def test_cli_export_infers_the_model_and_writes_a_gated_file(cli_export, capsys)
     checkpoint, out = cli_export
     assert out.is_file() and _no_staging_left(out.parent)
     spec = infer_model_spec(checkpoint)
-    assert (spec.name, spec.decoder, spec.build_kwargs) == ("vitpose-s", "simple", {"depth": 1})
+    assert (spec.size, spec.decoder, spec.depth) == ("vitpose-s", "simple", 1)
 
 
 def test_pyproject_declares_the_console_script_and_the_extra():
@@ -404,7 +404,7 @@ def test_infer_model_spec_reads_every_layout(fixtures_dir, recipe_weights, decod
     if layout != "mmpose1x":
         weights = derive(weights, load_spec(fixtures_dir, decoder, layout))
     spec = infer_model_spec(weights)
-    assert (spec.name, spec.decoder, spec.num_keypoints, spec.build_kwargs) == ("vitpose-s", decoder, 17, {})
+    assert (spec.size, spec.decoder, spec.num_keypoints, spec.depth, spec.embed_dim) == ("vitpose-s", decoder, 17, 12, 384)
     assert spec.input_size == (192, 256) and spec.heatmap_size == (48, 64)
     with torch.device("meta"):
         model = spec.build()
@@ -425,8 +425,11 @@ def _meta_state(name, decoder="classic", **kwargs):
 ])
 def test_infer_model_spec_reads_sizes_depths_grids_and_heads(name, decoder, kwargs, input_size, heatmap_size):
     spec = infer_model_spec(_meta_state(name, decoder, **kwargs))
-    assert (spec.name, spec.decoder, spec.num_keypoints) == (name, decoder, kwargs.get("num_keypoints", 17))
-    assert spec.build_kwargs == {k: v for k, v in kwargs.items() if k != "num_keypoints"}
+    assert (spec.size, spec.decoder, spec.num_keypoints) == (name, decoder, kwargs.get("num_keypoints", 17))
+    built = spec.build_kwargs()
+    for key, value in kwargs.items():  # every dimension that differs from the size's table is read
+        if key != "num_keypoints":
+            assert built[key] == value, key
     assert (spec.input_size, spec.heatmap_size) == (input_size, heatmap_size)
 
 
@@ -501,7 +504,7 @@ def test_cli_entry_point_reports_bad_paths(tmp_path):
     missing = subprocess.run([sys.executable, "-m", "vitpose", "export", "--model", str(tmp_path / "no.pth"),
                               "--out", str(tmp_path / "x.onnx")], cwd=REPO, capture_output=True, text=True,
                              timeout=120)
-    assert missing.returncode == 2 and "checkpoint not found" in missing.stderr
+    assert missing.returncode == 2 and "weights file not found" in missing.stderr
     assert missing.stderr.count("\n") == 1
 
 

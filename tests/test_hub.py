@@ -5,9 +5,9 @@
 - `download()` finds cached files with the network refused (sockets fail, HF_HUB_OFFLINE=1 in a
   fresh process), checks a torch.hub download's SHA-256 prefix (a file:// URL), and says what to
   fetch when a file is neither cached nor reachable.
-- `model_spec` reads size, decoder and K from tensor names and shapes in every layout.
+- `infer_model_spec` reads size, decoder and K from tensor names and shapes in every layout.
 - `Predictor.from_pretrained` by name from a filled HF cache gives the same poses as the same
-  weights loaded by hand; ViTPose+ names need issue 11's `expert=`.
+  weights loaded by hand; ViTPose+ names take `expert=` (COCO's by default).
 """
 
 import hashlib
@@ -26,7 +26,9 @@ from weights_recipe import load_spec
 
 import vitpose
 from vitpose.models import hub
-from vitpose.models.hub import DownloadError, ModelInfo, ModelSpec, UnknownModelError
+from vitpose.models.checkpoint import CheckpointError, infer_model_spec
+from vitpose.models.hub import DownloadError, ModelInfo, UnknownModelError
+from vitpose.models.vitpose import MODEL_SIZES
 
 SIZES = ("vitpose-s", "vitpose-b", "vitpose-l", "vitpose-h")
 REF_YML = (Path.home() / ".cache/mmpose-ref-venv/lib/python3.11/site-packages/mmpose/.mim/configs"
@@ -54,6 +56,7 @@ def caches(tmp_path, monkeypatch):
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
     monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(hf_cache))
     monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("VITPOSE_DOWNLOAD_TRIES", "1")  # the refused network fails at once; no pauses
     return torch_home, hf_cache
 
 
@@ -148,7 +151,7 @@ def test_cached_files_are_found_without_network(caches, monkeypatch):
     def must_not_download(*args, **kwargs):
         raise AssertionError("downloader called for a cached file")
 
-    monkeypatch.setattr(torch.hub, "download_url_to_file", must_not_download)
+    monkeypatch.setattr(hub, "fetch_url", must_not_download)
     assert hub.download("vitpose-s") == cached
     # With the network refused but HF_HUB_OFFLINE unset, HF falls back to its cache.
     assert hub.download("vitpose-b-simple").resolve() == snapshot.resolve()
@@ -161,11 +164,11 @@ def refuse(*a, **k):
     raise OSError("network disabled")
 socket.socket.connect = refuse
 socket.create_connection = refuse
-import vitpose  # `vitpose.models.hub` as users write it
+import vitpose  # `vitpose.hub` as users write it
 out = {}
 for name in sys.argv[1:]:
     try:
-        out[name] = ["ok", str(vitpose.models.hub.download(name, progress=False))]
+        out[name] = ["ok", str(vitpose.hub.download(name, progress=False))]
     except Exception as e:
         out[name] = [type(e).__name__, str(e)]
 print(json.dumps(out))
@@ -198,7 +201,7 @@ def test_offline_env_in_a_fresh_process(tmp_path):
 
 def test_offline_torch_hub_name_is_not_downloaded(caches, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(torch.hub, "download_url_to_file", lambda *a, **k: pytest.fail("downloaded offline"))
+    monkeypatch.setattr(hub, "fetch_url", lambda *a, **k: pytest.fail("downloaded offline"))
     with pytest.raises(DownloadError, match="HF_HUB_OFFLINE is set: fetch https://download.openmmlab.com"):
         hub.download("vitpose-h")
 
@@ -235,61 +238,32 @@ def test_torch_hub_download_checks_the_sha256_prefix(caches, tmp_path, monkeypat
     assert hub.download("test-good", progress=False) == path
 
 
-# -- what to build -------------------------------------------------------------------------------
+# -- what to build: the one shape reader (vitpose.models.checkpoint.infer_model_spec) -----------------
 
 @pytest.mark.parametrize("decoder", ["classic", "simple"])
 @pytest.mark.parametrize("layout", ["mmpose1x", "official0x", "hf"])
 def test_spec_from_the_published_layouts(fixtures_dir, layout, decoder):
-    shapes = {e["name"]: tuple(e["shape"]) for e in load_spec(fixtures_dir, decoder, layout)}
-    assert hub.spec_from_shapes(shapes) == ModelSpec("vitpose-s", decoder, 17, None)
+    with torch.device("meta"):
+        shapes = {e["name"]: torch.empty(e["shape"]) for e in load_spec(fixtures_dir, decoder, layout)}
+    spec = infer_model_spec(shapes)
+    assert (spec.size, spec.decoder, spec.num_keypoints, spec.num_heads) == ("vitpose-s", decoder, 17, 12)
 
 
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("decoder", ["classic", "simple"])
 def test_spec_of_every_size_in_own_layout(size, decoder):
+    k = 133 if size == "vitpose-h" else 17
     with torch.device("meta"):  # shapes only, no memory
-        model = vitpose.build_model(size, decoder=decoder, num_keypoints=133 if size == "vitpose-h" else 17)
-    shapes = {n: tuple(t.shape) for n, t in model.state_dict().items()}
-    assert hub.spec_from_shapes(shapes) == ModelSpec(size, decoder, 133 if size == "vitpose-h" else 17)
+        model = vitpose.build_model(size, decoder=decoder, num_keypoints=k)
+    spec = infer_model_spec(model.state_dict())
+    assert (spec.size, spec.decoder, spec.num_keypoints) == (size, decoder, k)
+    assert (spec.embed_dim, spec.depth, spec.num_heads) == tuple(MODEL_SIZES[size][n] for n in ("embed_dim", "depth",
+                                                                                               "num_heads"))
 
 
-def test_spec_of_a_vitpose_plus_file_and_of_other_files():
-    with torch.device("meta"):
-        model = vitpose.build_model("vitpose-b")
-    shapes = {n: tuple(t.shape) for n, t in model.state_dict().items()}
-    plus = {**shapes, "backbone.blocks.0.mlp.experts.0.weight": (192, 3072)}
-    assert hub.spec_from_shapes(plus) == ModelSpec("vitpose-b", "classic", 17, "coco")
-    odd = {n: s for n, s in shapes.items() if not n.startswith("backbone.blocks.11.")}
-    with pytest.raises(ValueError, match="width 768 and 11 blocks is none of"):
-        hub.spec_from_shapes(odd, origin="odd.pth")
-    with pytest.raises(ValueError, match="not a ViTPose checkpoint"):
-        hub.spec_from_shapes({"fc.weight": (10, 5)})
-
-
-def test_tensor_shapes_of_wrapped_files(tmp_path):
-    model = vitpose.build_model("vitpose-s", decoder="simple", depth=1)
-    state = {"module." + n: t for n, t in model.state_dict().items()}
-    torch.save({"meta": {"epoch": 3}, "state_dict": state}, tmp_path / "wrapped.pth")
-    shapes = hub.tensor_shapes(tmp_path / "wrapped.pth")
-    assert shapes == {n: tuple(t.shape) for n, t in model.state_dict().items()}
-    vitpose.save_weights(model, tmp_path / "w.safetensors")
-    assert hub.tensor_shapes(tmp_path / "w.safetensors") == shapes
-    (tmp_path / "junk.pth").write_bytes(b"<html>not found</html>")
-    with pytest.raises(Exception, match="junk.pth: not a readable checkpoint"):
-        hub.tensor_shapes(tmp_path / "junk.pth")
-
-
-def test_spec_of_names_and_files(tmp_path):
-    assert hub.model_spec("vitpose-l-simple") == ModelSpec("vitpose-l", "simple", 17, None)
-    assert hub.model_spec("vitpose-plus-b") == ModelSpec("vitpose-b", "classic", 17, "coco")
-    assert hub.model_spec("vitpose-plus-b", expert="aic").expert == "aic"
-    with pytest.raises(ValueError, match="expert must be one of coco, aic, mpii, ap10k, apt36k, coco_wholebody"):
-        hub.model_spec("vitpose-plus-b", expert="cocoa")
-    with pytest.raises(ValueError, match="vitpose-s is not a ViTPose"):
-        hub.model_spec("vitpose-s", expert="coco")
-    torch.save({"fc.weight": torch.zeros(2, 2)}, tmp_path / "classifier.pth")
-    with pytest.raises(ValueError, match="classifier.pth: not a ViTPose checkpoint"):
-        hub.model_spec(tmp_path / "classifier.pth")
+def test_spec_refuses_other_files():
+    with pytest.raises(CheckpointError, match="not a ViTPose checkpoint|backbone-only"):
+        infer_model_spec({"fc.weight": torch.zeros(10, 5)})
 
 
 # -- from_pretrained -------------------------------------------------------------------------------
@@ -329,30 +303,29 @@ def test_from_pretrained_by_name_from_the_hf_cache(caches, monkeypatch, small_si
         np.testing.assert_array_equal(poses.keypoint_scores, by_hand[1])
 
 
-def test_plus_names_need_expert_support(caches, monkeypatch):
-    """ViTPose+ files load one expert through load_weights(..., expert=) (issue 11); until that
-    exists the message says so and names the issue."""
+def test_plus_names_take_an_expert_coco_by_default(caches, monkeypatch):
+    """A ViTPose+ name loads one expert: "coco" unless `expert=` (any spelling of the one list) says."""
     _, hf_cache = caches
-    fill_hf_cache(hf_cache, "usyd-community/vitpose-plus-small", b"not read here")
-    import vitpose.models.checkpoint as checkpoint
-    import vitpose.models.vitpose as models
+    torch.manual_seed(0)
+    plain = vitpose.build_model("vitpose-s", depth=1)
+    state = {k: v for k, v in plain.state_dict().items()}
+    for i in range(6):  # six experts of 96 rows each, on top of fc2's 288 shared rows (official layout names)
+        state[f"backbone.blocks.0.mlp.experts.{i}.weight"] = torch.randn(96, 1536) * 0.01 + i
+        state[f"backbone.blocks.0.mlp.experts.{i}.bias"] = torch.zeros(96)
+    state["backbone.blocks.0.mlp.fc2.weight"] = state["backbone.blocks.0.mlp.fc2.weight"][:288]
+    state["backbone.blocks.0.mlp.fc2.bias"] = state["backbone.blocks.0.mlp.fc2.bias"][:288]
+    path = hf_cache.parent / "plus.safetensors"
+    from safetensors.torch import save_file
 
-    build = models.build_model
-    monkeypatch.setattr(models, "build_model", lambda *a, **k: build(*a, **k, depth=1))  # fast: one block
-
-    def without_expert(model, source, strict=True):
-        raise AssertionError("a ViTPose+ file loaded without choosing an expert")
-
-    monkeypatch.setattr(checkpoint, "load_weights", without_expert)
-    with pytest.raises(NotImplementedError, match="issue #11"):
-        vitpose.Predictor.from_pretrained("vitpose-plus-s", detector=None, device="cpu")
-
-    calls = []
-
-    def with_expert(model, source, strict=True, expert=None):
-        calls.append((type(model).__name__, Path(source).name, expert, model.backbone.embed_dim))
-
-    monkeypatch.setattr(checkpoint, "load_weights", with_expert)
-    vitpose.Predictor.from_pretrained("vitpose-plus-s", detector=None, device="cpu")
-    vitpose.Predictor.from_pretrained("vitpose-plus-s", detector=None, device="cpu", expert="aic")
-    assert calls == [("ViTPose", "model.safetensors", "coco", 384), ("ViTPose", "model.safetensors", "aic", 384)]
+    save_file({k: v.contiguous() for k, v in state.items()}, str(path))
+    fill_hf_cache(hf_cache, "usyd-community/vitpose-plus-small", path.read_bytes())
+    coco = vitpose.Predictor.from_pretrained("vitpose-plus-s", detector=None, device="cpu")
+    wholebody = vitpose.Predictor.from_pretrained("ViTPose-Plus-S", detector=None, device="cpu", expert="wholebody")
+    fc2 = [p.model.backbone.blocks[0].mlp.fc2.weight for p in (coco, wholebody)]
+    fc2 = [w.detach() for w in fc2]
+    assert float(fc2[0][288:].mean()) == pytest.approx(0, abs=0.05)  # expert 0
+    assert float(fc2[1][288:].mean()) == pytest.approx(5, abs=0.05)  # expert 5: coco_wholebody
+    # An HF vitpose-plus file carries COCO's head: the skeleton is COCO's whatever the backbone expert.
+    assert coco.skeleton.name == wholebody.skeleton.name == "coco"
+    with pytest.raises(Exception, match="unknown ViTPose. expert 'wholebdy'"):
+        vitpose.load_model("vitpose-plus-s", expert="wholebdy")

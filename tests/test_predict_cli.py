@@ -24,7 +24,10 @@ from test_evaluate import load_cli, tiny_model, write_config
 import vitpose
 from vitpose.cli import predict as predict_cli
 from vitpose.cli import build_parser, main
+from vitpose.data.metainfo import dataset_info
 from vitpose.evaluation.coco_evaluator import load_predictions
+from vitpose.inference.draw import draw_people
+from vitpose.inference.pipeline import read_records
 from vitpose.inference.predictor import Predictor
 
 DETECTIONS = "test_coco_det_AP_H_56.json"
@@ -62,7 +65,7 @@ def test_predict_equals_evaluate_and_predictor_on_the_same_boxes(tmp_path, coco_
     assert "4 images, 12 people" in printed
     for stage in ("decode", "crop", "pose", "decode heatmaps", "write", "total"):
         assert f"\n{stage} " in printed
-    results = json.loads(out.read_text())
+    results = read_records(out)
 
     evaluate = load_cli()
     evaluate.main(["--config", str(config), "--checkpoint", str(checkpoint), "--bbox-file", str(dets),
@@ -126,10 +129,11 @@ def test_directory_with_drawings_and_model_path(tmp_path, small_weights, capsys)
     (tmp_path / "photos" / "notes.txt").write_text("not an image")
     out_dir, out_json = tmp_path / "drawn", tmp_path / "poses.json"
     code, printed, err = run_cli([tmp_path / "photos", "--model", path, "--detector", "full-frame", "--no-flip",
-                                  "--out", out_dir, "--json", out_json, "--device", "cpu", "--precision", "fp32"], capsys)
+                                  "--out", out_dir, "--json", out_json, "--device", "cpu", "--precision", "fp32",
+                                  "--batch-images", 1], capsys)  # one crop per pass: exact equality below
     assert code == 0, err
     assert "2 images, 2 people" in printed and "predict" in err and "img/s" in err  # the progress bar
-    results = json.loads(out_json.read_text())
+    results = read_records(out_json)
     # Not COCO-named: running ids in sorted-name order.
     assert [(r["image_id"], r["file_name"]) for r in results] == [(0, "a.png"), (1, "b.png")]
     reference = Predictor(model, device="cpu", flip_test=False)
@@ -142,9 +146,9 @@ def test_directory_with_drawings_and_model_path(tmp_path, small_weights, capsys)
         np.testing.assert_array_equal(flat[:, :2], keypoints[0])
         np.testing.assert_array_equal(flat[:, 2].astype(np.float32), scores[0])
         poses = vitpose.inference.predictor.Poses(np.array([[0, 0, w, h]], np.float32), np.ones(1, np.float32),
-                                        keypoints, scores)
+                                                  keypoints, scores)
         drawn = cv2.imread(str(out_dir / result["file_name"]))
-        np.testing.assert_array_equal(drawn, predict_cli.draw(image, poses, 0.3))
+        np.testing.assert_array_equal(drawn, draw_people(image, poses, dataset_info("coco"), 0.3, "bgr"))
         assert not np.array_equal(drawn, image)
     assert sorted(p.name for p in out_dir.iterdir()) == ["a.png", "b.png"]
 
@@ -156,7 +160,7 @@ def test_single_coco_named_image(tmp_path, tiny, capsys):
     code, printed, _ = run_cli([tmp_path / "000000000042.jpg", "--config", config, "--model", checkpoint,
                                 "--detector", "full-frame", "--json", out, "--device", "cpu"], capsys)
     assert code == 0 and "1 images, 1 people" in printed
-    assert [r["image_id"] for r in json.loads(out.read_text())] == [42]
+    assert [r["image_id"] for r in read_records(out)] == [42]
 
 
 def test_unreadable_and_missing_images_are_skipped_and_named(tmp_path, tiny, capsys, coco_mini_dir):
@@ -177,7 +181,7 @@ def test_unreadable_and_missing_images_are_skipped_and_named(tmp_path, tiny, cap
                       ("missing.png", "not found")):
         line = next(ln for ln in err.splitlines() if name in ln)
         assert why in line, line
-    assert [r["file_name"] for r in json.loads(out.read_text())] == ["good.png"]
+    assert [r["file_name"] for r in read_records(out)] == ["good.png"]
 
 
 @pytest.mark.parametrize("extra, match", [
@@ -230,7 +234,7 @@ def test_a_detector_that_finds_nobody(tmp_path, capsys):
     code = predict_cli.predict_images(predictor, predict_cli.list_images(args.source), args, None)
     printed = capsys.readouterr().out
     assert code == 0
-    assert json.loads((tmp_path / "r.json").read_text()) == []
+    assert read_records(tmp_path / "r.json") == []
     assert "2 images, 0 people, 2 images with nobody found" in printed
     assert sorted(p.name for p in (tmp_path / "drawn").iterdir()) == ["1.png", "2.png"]  # drawn unchanged
     np.testing.assert_array_equal(cv2.imread(str(tmp_path / "drawn" / "1.png")),
@@ -248,8 +252,8 @@ def test_boxes_file_by_coco_number(tmp_path, tiny, capsys):
     out = tmp_path / "r.json"
     code, printed, err = run_cli([tmp_path / "imgs", "--config", config, "--model", checkpoint, "--boxes", dets,
                                   "--json", out, "--device", "cpu"], capsys)
-    assert code == 0 and "1 image ids that are not in the source" in err
-    results = json.loads(out.read_text())
+    assert code == 0 and "has boxes for 1 images (image_id) that are not in the source" in err
+    results = read_records(out)
     assert [(r["image_id"], r["bbox"], r["bbox_score"]) for r in results] == [(9, [5.0, 6.0, 40.0, 50.0],
                                                                                pytest.approx(0.7))]
     assert "2 images, 1 people, 1 images with nobody found" in printed
@@ -259,8 +263,10 @@ def test_videos_and_webcams_go_to_the_video_module(tmp_path, tiny, capsys, monke
     config, checkpoint = tiny
     calls = []
     stub = types.ModuleType("vitpose.inference.video")
-    stub.run_video = lambda predictor, source, args: calls.append((type(predictor).__name__, source)) or \
+    stub.run_video = lambda predictor, source, args, stop=None: calls.append((type(predictor).__name__, source)) or \
         types.SimpleNamespace(exit_status=0)
+    stub.check_video_file = lambda path: None
+    stub.output_video_path = lambda out, source: out
     monkeypatch.setitem(sys.modules, "vitpose.inference.video", stub)
     clip = tmp_path / "clip.MP4"
     clip.write_bytes(b"")

@@ -264,7 +264,7 @@ def test_no_loader_warning_below_threshold(tmp_path):
 def test_loader_advice_cases():
     assert "from 6 to 8 (16 cores, 8 per process)" in loader_advice(0.5, 6, 16, world_size=2)
     full = loader_advice(0.3, 8, 16, world_size=2)
-    assert "already uses all 16 cores, 8 per process" in full and "vitpose.cli.build_crop_cache" in full
+    assert "already uses all 16 cores, 8 per process" in full and "vitpose build-crop-cache" in full
     assert "set loader.num_workers explicitly (up to 16" in loader_advice(0.3, None, 16)
     assert "from 0 to 1" in loader_advice(0.9, 0, 4)
 

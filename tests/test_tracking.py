@@ -173,3 +173,49 @@ def test_keypoint_smoother_filters_each_track_on_its_own_time_step():
     out = smoother.smooth([7], (b0 + 1)[None], frame=4)
     alpha_3 = 1 / (1 + 1 / (0.3 * 2 * math.pi))
     np.testing.assert_allclose(out[0], b0 + alpha_1 + alpha_3 * (1 - alpha_1), rtol=1e-12)
+
+
+# ---- frames with nobody (#18 item 3): the first frame, and frames in the middle ---------------------------
+
+def nobody(num_keypoints=17):
+    """What the video pipeline passes for a frame without people."""
+    return np.zeros((0, 4)), np.zeros((0, num_keypoints, 2)), np.zeros((0, num_keypoints))
+
+
+@pytest.mark.parametrize("metric", ["iou", "oks"])
+def test_tracker_accepts_frames_with_nobody_first_and_in_the_middle(metric):
+    rng = np.random.default_rng(0)
+    pose = rng.uniform(0, 1, (17, 2)) * [40, 100]
+    tracker = Tracker(metric=metric)
+    ids = []
+    for frame in range(8):
+        if frame in (0, 3, 4):  # nobody at the start and for two frames in the middle (< max_age 5)
+            boxes, keypoints, scores = nobody()
+        else:
+            x = 10.0 + 3 * frame
+            boxes, keypoints, scores = box_at(x, 20)[None], (pose + [x, 20])[None], np.ones((1, 17))
+        got = tracker.update(boxes, keypoints, scores, frame=frame)
+        assert got.shape == (len(boxes),) and got.dtype == np.int64
+        ids.append(got.tolist())
+    assert ids == [[], [0], [0], [], [], [0], [0], [0]]  # one person, one id, through both gaps
+    assert tracker.next_id == 1
+    assert tracker.update([], [], [], frame=20).tolist() == []  # lists, and a gap past max_age
+    assert tracker.tracks == []
+
+
+def test_smoother_skips_frames_with_nobody_and_filters_across_the_gap():
+    fps, track = 10.0, 7
+    smoother = KeypointSmoother(fps)
+    reference = OneEuroFilter()
+    samples = {1: np.full((17, 2), 5.0), 4: np.full((17, 2), 8.0), 5: np.full((17, 2), 9.5)}
+    last = None
+    for frame in range(6):
+        if frame not in samples:
+            out = smoother.smooth(np.zeros(0, np.int64), np.zeros((0, 17, 2)), frame)
+            assert out.shape == (0, 17, 2)
+            continue
+        out = smoother.smooth([track], samples[frame][None], frame)
+        dt = (frame - last) / fps if last is not None else 1 / fps  # 3 frames across the gap
+        np.testing.assert_array_equal(out[0], reference.filter(samples[frame], dt))
+        last = frame
+    assert smoother.smooth([], [], 6).shape == (0, 0, 2)

@@ -1,25 +1,45 @@
-"""Config -> objects: the model, the codec and the datasets, built the same way everywhere.
+"""Config -> objects: the model, the codec and the datasets, built the same way everywhere; and
+`load_model`: the one way from a model name, an HF repo id or a weights file to (model, codec,
+skeleton, spec).
 
-`train.py`, `evaluate.py`, `vitpose tune` and `Predictor.from_config` all call these, so
-a config means the same network and the same crops in each of them.
+`train.py`, `evaluate.py`, `vitpose tune`, `vitpose export` and `Predictor` all call these, so a
+config or a file means the same network, the same crops and the same keypoints in each of them.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from vitpose.codecs.udp import UDPHeatmap
-from vitpose.config import Config, ConfigError, DataConfig, ModelConfig
+from vitpose.config import Config, ConfigError, DataConfig, ModelConfig, load_config
 from vitpose.data.coco import CocoKeypoints
 from vitpose.data.errors import DataError
 from vitpose.data.metainfo import BUILTIN_NAMES, DatasetInfo, dataset_info
-from vitpose.models import build_model
+from vitpose.models import build_model, hub
+from vitpose.models.checkpoint import (
+    CheckpointError,
+    WeightsNotFoundError,
+    infer_model_spec,
+    is_vitpose_plus,
+    load_weights,
+    read_weights,
+    select_expert,
+)
+from vitpose.models.spec import SKELETON_FIELDS, ModelSpec, SpecError, spec_of_model
 
 SKELETON_SUFFIXES = (".yaml", ".yml", ".json")  # the files data.dataset_info may name
 
 
-def build_model_from_config(model_cfg: ModelConfig):
-    """The ViTPose of `model.*` (input size, drop path, grad checkpointing, extra build kwargs)."""
+def build_model_from_config(model_cfg: ModelConfig, skeleton: DatasetInfo | None = None):
+    """The ViTPose of `model.*` (input size, drop path, grad checkpointing, extra build kwargs).
+
+    The model carries its `ModelSpec` (`model.spec`: the architecture, codec and, when `skeleton`
+    is given, the skeleton), which every file saved from it records."""
     w, h = model_cfg.input_size
     kwargs = dict(img_size=(h, w), **model_cfg.extra)
     if model_cfg.drop_path_rate is not None:
@@ -27,6 +47,9 @@ def build_model_from_config(model_cfg: ModelConfig):
     model = build_model(model_cfg.name, model_cfg.decoder, model_cfg.num_keypoints, **kwargs)
     if model_cfg.grad_checkpointing:
         model.set_grad_checkpointing(True)
+    model.spec = spec_of_model(model, codec="UDPHeatmap", sigma=model_cfg.sigma, input_size=model_cfg.input_size,
+                               heatmap_size=model_cfg.heatmap_size,
+                               skeleton=None if skeleton is None else skeleton_data(skeleton))
     return model
 
 
@@ -161,3 +184,176 @@ def build_evaluator(cfg: Config, info=None, root: str | Path | None = None):
     if kind == "coco_wholebody":
         return WholeBodyEvaluator(ann_file, **protocol)
     return CocoEvaluator(ann_file, **protocol)
+
+
+# ----------------------------------------------------------------------------------------------
+# One way from a name to a model
+
+
+@dataclass
+class LoadedModel:
+    """What `load_model` gives: the model (eval mode, weights loaded, `.spec` attached), its codec,
+    its skeleton (`DatasetInfo`: K, flip indices, limbs, sigmas) and its `ModelSpec`; `path` is the
+    local weights file, `report` what `load_weights` found (layout, notes)."""
+
+    model: torch.nn.Module
+    codec: object
+    skeleton: DatasetInfo
+    spec: ModelSpec
+    path: Path | None = None
+    report: object = None
+
+
+# A head of this many keypoints, with no skeleton recorded, is this built-in dataset's (the
+# published checkpoints of MMPose, the official release and HF; AP-10K's 17 need `expert=`).
+SKELETON_BY_KEYPOINTS = {17: "coco", 133: "coco_wholebody", 14: "aic", 16: "mpii"}
+
+
+def skeleton_data(info: DatasetInfo) -> dict:
+    """A DatasetInfo as the plain data a ModelSpec records (SKELETON_FIELDS, lists for tuples)."""
+    return json.loads(json.dumps({name: getattr(info, name) for name in SKELETON_FIELDS}))
+
+
+def skeleton_of(spec: ModelSpec) -> DatasetInfo:
+    """The DatasetInfo a spec records (checked as a skeleton file would be)."""
+    if spec.skeleton is None:
+        raise SpecError(f"model spec ({spec.origin}): no skeleton recorded")
+    try:
+        return DatasetInfo(**spec.skeleton, source=f"recorded in the weights ({spec.origin})")
+    except DataError as e:
+        raise SpecError(f"model spec ({spec.origin}): its skeleton is not valid: {e}") from None
+
+
+def load_model(source, *, expert=None, config=None, device=None) -> LoadedModel:
+    """A model with its weights, codec and skeleton, from anything that names one.
+
+    Args:
+        source: a name of `vitpose.models.hub.list_models()` (any case), an HF repo id `org/repo` or
+            `org/repo@REVISION` (fetched through huggingface_hub: its cache, `HF_HUB_OFFLINE=1`), or a
+            weights / checkpoint file in any layout `vitpose.load_weights` reads.
+        expert: the ViTPose+ expert of a mixture-of-experts file (a name of
+            `vitpose.models.spec.EXPERTS`, an alias such as "wholebody", or an index); names and repo
+            ids of ViTPose+ models default to "coco", files must say.
+        config: a training config (YAML path or `Config`): the model, codec and skeleton are built
+            from it (the file's own record is not used).
+        device: where the model goes (None/"auto": CUDA when available).
+    What the file records (`ModelSpec`, written by this project) comes first; otherwise the spec is
+    told from the tensor shapes, the head count from the HF `config.json` or the size table, and
+    the skeleton from the expert, the checkpoint's training config or the keypoint count.
+    """
+    from vitpose.device import resolve_device
+
+    path, named, repo = resolve_weights(source)
+    weights = _read_cached(path, named)
+    if (named is not None and named.plus) or (repo is not None and is_vitpose_plus(weights.state_dict)):
+        expert = "coco" if expert is None else expert  # HF's dataset_index 0, as the name table says
+    state, choice = select_expert(weights.state_dict, expert, weights.origin)
+    with torch.device("meta"):  # no random init: every tensor is loaded below (strict)
+        if config is not None:
+            cfg = config if isinstance(config, Config) else load_config(config)
+            skeleton = build_dataset_info(cfg)
+            model = build_model_from_config(cfg.model, skeleton)
+            spec = model.spec
+        else:
+            spec = weights.spec or _spec_from_recorded_config(weights) or _spec_from_shapes(state, weights, repo)
+            if choice is not None:
+                spec = spec.replace(expert=choice.name)
+            skeleton = _skeleton(spec, choice, weights)
+            spec = spec.replace(skeleton=skeleton_data(skeleton))
+            model = spec.build()
+    model = model.to_empty(device="cpu")
+    for name, buffer in model.named_buffers():
+        if name.endswith("num_batches_tracked"):
+            buffer.zero_()  # the one entry strict loading lets older files lack
+    report = load_weights(model, state, origin=weights.origin)
+    model.to(resolve_device(device)).eval()
+    return LoadedModel(model, spec.build_codec(), skeleton, spec, path, report)
+
+
+def resolve_weights(source) -> tuple[Path, hub.ModelInfo | None, tuple[str, str | None] | None]:
+    """(local weights file, the named model or None, (HF repo id, revision) or None) of a source."""
+    if not isinstance(source, (str, Path)):
+        raise TypeError(f"source must be a model name, an HF repo id or a path, got {type(source).__name__}")
+    path = Path(source).expanduser()
+    if path.is_file():
+        return path, None, None
+    text = str(source).strip()
+    if text.lower() in hub.MODELS:
+        info = hub.lookup(text)
+        return hub.download(info.name), info, None
+    repo = hub.parse_repo_id(text)
+    if repo is not None and not path.parent.is_dir():
+        return hub.download_hf(*repo), None, repo
+    if path.suffix or path.parent.is_dir() and str(path.parent) != ".":
+        raise WeightsNotFoundError(f"weights file not found: {text}")
+    hub.lookup(text)  # an unknown name: one line with the closest names
+    raise AssertionError("unreachable")
+
+
+def _read_cached(path: Path, named):
+    """read_weights; a cached download that cannot be read is fetched again when its hash is known
+    and does not match (a truncated or damaged file), else named with the fix."""
+    try:
+        return read_weights(path)
+    except CheckpointError as e:
+        if not hub.is_cached_download(path):
+            raise
+        if named is not None and named.sha256_prefix and not hub.is_offline() and not hub.matches_hash(
+                path, named.sha256_prefix):
+            path.unlink()
+            return read_weights(hub.download(named.name))
+        raise CheckpointError(f"{e} -- it is a cached download that did not survive: delete {path} "
+                              f"and run again to fetch it anew") from None
+
+
+def _spec_from_recorded_config(weights) -> ModelSpec | None:
+    """The spec of a training checkpoint that records its config but no spec (written before specs
+    were): the config's model, codec and, when it can still be read, its skeleton."""
+    recorded = weights.config or {}
+    if not isinstance(recorded.get("model"), dict):
+        return None
+    sections = {}
+    for name, section_type in (("model", ModelConfig), ("data", DataConfig)):
+        known = {f.name for f in dataclasses.fields(section_type)}
+        body = recorded.get(name) if isinstance(recorded.get(name), dict) else {}
+        sections[name] = section_type(**{k: v for k, v in body.items() if k in known})
+    cfg = Config(**sections)
+    try:
+        skeleton = build_dataset_info(cfg)
+    except (DataError, ConfigError):  # a skeleton file that is not here any more: K and the rules decide
+        skeleton = None
+    with torch.device("meta"):
+        spec = build_model_from_config(cfg.model, skeleton).spec
+    return spec.replace(origin=f"the training config recorded in {weights.origin}")
+
+
+def _spec_from_shapes(state, weights, repo) -> ModelSpec:
+    """A spec for a file made elsewhere: its shapes, plus the head count of an HF config.json (no
+    shape holds it)."""
+    spec = infer_model_spec(state, origin=weights.origin)
+    if repo is not None:
+        hf = hub.hf_config(*repo) or {}
+        backbone = hf.get("backbone_config") or {}
+        if backbone.get("num_attention_heads"):
+            spec = spec.replace(num_heads=int(backbone["num_attention_heads"]), origin=spec.origin + " + HF config.json")
+    return spec
+
+
+def _skeleton(spec: ModelSpec, choice, weights) -> DatasetInfo:
+    """The skeleton: recorded; else the ViTPose+ expert's (when the head is that expert's); else the
+    training config's built-in dataset; else the built-in dataset of that many keypoints."""
+    if spec.skeleton is not None:
+        return skeleton_of(spec)
+    name = None
+    if choice is not None and (choice.heads == "official" or choice.index == 0):
+        name = choice.name
+    configured = ((weights.config or {}).get("data") or {}).get("dataset_info")
+    if name is None and configured in BUILTIN_NAMES:
+        name = configured
+    if name is None:
+        name = SKELETON_BY_KEYPOINTS.get(spec.num_keypoints)
+    if name is None or dataset_info(name).num_keypoints != spec.num_keypoints:
+        raise SpecError(f"{weights.origin}: a {spec.num_keypoints}-keypoint model that does not say which "
+                        f"keypoints it predicts (no skeleton recorded); give its training config "
+                        f"(config= / --config), whose data.dataset_info names them")
+    return dataset_info(name)

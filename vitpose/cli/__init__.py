@@ -18,6 +18,7 @@ def _standalone():
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from vitpose.cli import import_annotations
     from vitpose.cli import predict as predict_cli
     from vitpose.inference import export
 
@@ -25,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     predict_cli.add_parser(subparsers)
     export.add_parser(subparsers)
+    import_annotations.add_parser(subparsers)
     for name in _standalone():
         subparsers.add_parser(name, add_help=False)
     return parser
@@ -32,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    for stream in (sys.stdout, sys.stderr):  # a file name that is not UTF-8 prints as \xNN, never crashes
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     commands = _standalone()
     if argv and argv[0] in commands:
         result = commands[argv[0]].main(argv[1:])

@@ -1,44 +1,58 @@
 """`vitpose predict SOURCE`: poses of every person in images, a directory, a video or a webcam.
 
     vitpose predict photo.jpg --out drawn/                     # downloads vitpose-b-simple once
-    vitpose predict images/ --json poses.json --model vitpose-l
-    vitpose predict val2017/ --boxes dets.json --detector none --json results.json
+    vitpose predict images/ --json poses.jsonl --model vitpose-l
+    vitpose predict val2017/ --boxes dets.json --detector none --json results.jsonl
     vitpose predict clip.mp4 --out drawn/ --track --smooth     # video files and webcams (0, 1, ...)
 
-Images: each file is decoded with OpenCV, the detector finds the people (or `--boxes` gives
-them), the crops of `--batch-images` images go through the model together, and `--out` gets the
-drawn image under the same name, `--json` the COCO results of all images. Video files and webcam
-indices go to `vitpose.inference.video.run_video`.
+Every source goes through the same steps (`vitpose.inference.pipeline`): boxes (the detector,
+`--detector full-frame`, or `--boxes`), crops, the model, heatmap decode. Images: the crops of
+`--batch-images` images go through the model together; `--out` gets the drawn image under the same
+name. Video files and webcam indices go to `vitpose.inference.video.run_video`.
 
-`--json` is a COCO keypoint results list (what `COCO.loadRes` reads), one entry per person:
-`image_id` (the file name's number when every file is COCO-named, e.g. 000000197388.jpg, else a
-running index in sorted-name order), `file_name`, `category_id` 1, `bbox` [x, y, w, h], `keypoints`
-[x1, y1, s1, ...], `bbox_score` and `score` = bbox_score x the mean of the keypoint scores above
-0.2 (MMPose's instance score, as evaluate.py scores). An image with nobody in it has no entry.
+For folders, videos and webcams `--json` is written as it goes, as JSON Lines (one COCO keypoint
+result per line, flushed after every image or frame); for image files named on the command line it
+is one COCO results list. Each record: `image_id`, `file_name` (images) or `frame` (videos), `category_id` 1,
+`bbox` [x, y, w, h], `keypoints` [x1, y1, s1, ...], `bbox_score`, `score` (= bbox_score x the mean
+of the keypoint scores above 0.2: the evaluator's instance score), `track_id` with --track.
+Non-finite values are written as null. `--json-array` writes one JSON list (what `COCO.loadRes`
+reads) at the end instead (images and video files). `image_id` is the file name's number when
+every file name is a number (000000197388.jpg -> 197388; two names with one number are an
+error), else a running index, and then `--boxes` records are matched by `file_name`.
 
-Exit status: 0; 1 when some images could not be read (they are skipped, counted and named at
-the end); 2 for a usage error (unknown model, missing source, bad boxes file).
+Safety: outputs are checked before any work (folder vs file, parent exists, writable) and may not
+replace an input (a source image or video, the --boxes file, the model). An existing --json is
+replaced only when the run completes (until then the results go to `<json>.partial`); with
+`--resume` it is continued: the images or frames in it are skipped. SIGINT / SIGTERM (Ctrl-C)
+finish the current images or frames, close the files (a playable video, a parseable JSON) and
+exit 130; a second signal stops at once.
+
+Exit status: 0 all done; 1 some inputs failed (unreadable images, frames that failed; each is
+counted, skipped and named at the end); 2 nothing done (usage, model, outputs); 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
 
+from vitpose.errors import UserError
+from vitpose.files import check_output
+from vitpose.inference.pipeline import IMAGE_SUFFIXES, ResultsFile, classify_source, coco_records, image_ids, \
+    read_boxes_file
+
 DEFAULT_MODEL = "vitpose-b-simple"
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".jp2", ".pgm", ".ppm")
-VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg", ".wmv", ".flv", ".ts")
 STAGES = ("decode", "detect", "crop", "pose", "decode heatmaps", "draw", "write")
-RESCORE_THR = 0.2  # keypoint scores above this enter the instance score (MMPose's CocoMetric)
-EXIT_OK, EXIT_SKIPPED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
-class UsageError(Exception):
+class UsageError(UserError):
     """A problem with the command line or the user's files, reported in one line (exit status 2)."""
 
 
@@ -50,7 +64,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("source", nargs="+",
                    help="images and directories of images, or one video file or webcam index (0, 1, ...)")
     p.add_argument("--model", default=DEFAULT_MODEL,
-                   help="a published name (vitpose.models.hub.list_models()) or a weights file (default: %(default)s)")
+                   help="a published name (vitpose.hub.list_models()) or a weights file (default: %(default)s)")
     p.add_argument("--config", default=None, help="training config of the weights (custom models); "
                    "without it the size and decoder are read from the file")
     p.add_argument("--detector", default=None,
@@ -58,11 +72,24 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "(default: 'default', or 'none' with --boxes)")
     p.add_argument("--detector-threshold", type=float, default=None, help="minimum person score (default 0.3)")
     p.add_argument("--boxes", type=Path, default=None,
-                   help="person boxes from a COCO detection results JSON (image_id, bbox xywh, score)")
-    p.add_argument("--out", type=Path, default=None, help="directory for the drawn images (or video)")
-    p.add_argument("--json", type=Path, default=None, help="write the COCO keypoint results here")
+                   help="person boxes from a COCO detection results JSON (image_id or file_name, or frame for "
+                        "videos; bbox xywh; score)")
+    p.add_argument("--out", type=Path, default=None, help="directory for the drawn images (or video, or a video file)")
+    p.add_argument("--json", type=Path, default=None, help="write the COCO keypoint results here (JSON Lines for folders, videos and webcams; a list for image files)")
+    p.add_argument("--json-array", action="store_true",
+                   help="--json as one JSON list written at the end (images and video files, not webcams)")
+    p.add_argument("--resume", action="store_true", help="continue --json: skip the images or frames it holds")
+    p.add_argument("--format", choices=("coco", "labelstudio", "cvat"), default="coco",
+                   help="--json layout: COCO results, or pre-annotations to correct in Label Studio (tasks with "
+                        "predictions) or CVAT (CVAT for images 1.1 XML); see docs/annotations.md (default: %(default)s)")
+    p.add_argument("--mark-below", type=float, default=0.3,
+                   help="labelstudio/cvat: keypoints scored below this are marked for checking, not dropped "
+                        "(default: %(default)s)")
     p.add_argument("--track", action="store_true", help="video: stable person ids (track_id)")
     p.add_argument("--smooth", action="store_true", help="video: One-Euro filter on the keypoints")
+    p.add_argument("--det-every", type=int, default=1, metavar="N",
+                   help="video: run the detector on every N-th frame and carry people between on their previous "
+                        "poses (again at once when someone is lost; default: every frame)")
     p.add_argument("--no-flip", action="store_true", help="skip the flip test (about 2x faster)")
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: CUDA when available)")
     p.add_argument("--det-classes", nargs="+", default=None, metavar="CLASS",
@@ -81,22 +108,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 # ----------------------------------------------------------------------------------------------
-# Sources
-
-
-def is_webcam(source: str) -> bool:
-    return source.isdigit() and not Path(source).exists()
-
-
-def is_video_file(path: Path) -> bool:
-    return path.is_file() and path.suffix.lower() in VIDEO_SUFFIXES
+# Sources and outputs, all checked before the model loads
 
 
 def list_images(sources: list[str]) -> list[Path]:
     """Image files of the sources: directories (by suffix, sorted by name) and files as given.
 
     A file that does not exist stays in the list: it is counted and skipped like an unreadable
-    one (and so is a broken link in a directory)."""
+    one (and so is a broken link in a directory); when no source exists at all nothing is done."""
     paths = []
     for source in map(Path, sources):
         if source.is_dir():
@@ -106,11 +125,14 @@ def list_images(sources: list[str]) -> list[Path]:
             paths += found
         else:
             paths.append(source)
+    if paths and not any(p.exists() for p in paths):
+        raise UsageError(f"source not found: {paths[0]}" + (f" (nor the {len(paths) - 1} others)" if len(paths) > 1
+                                                            else ""))
     return paths
 
 
 def output_names(paths: list[Path]) -> list[str]:
-    """File names for the drawn images: the source's name, made unique across directories."""
+    """File names for the drawn images and `file_name`: the source's name, made unique across directories."""
     used, names = set(), []
     for path in paths:
         name, k = path.name, 1
@@ -121,91 +143,77 @@ def output_names(paths: list[Path]) -> list[str]:
     return names
 
 
-def image_ids(paths: list[Path]) -> list[int]:
-    """COCO ids from COCO-style names (000000197388.jpg -> 197388) when every name is a number,
-    else a running index (0, 1, ...) in the order of `paths`."""
-    if all(p.stem.isdigit() for p in paths):
-        return [int(p.stem) for p in paths]
-    return list(range(len(paths)))
+def check_outputs(args, inputs: list[Path], video_source=None) -> None:
+    """--out, --json and their combinations (see the module docstring), before any work
+    (`vitpose.files.check_output`: folder vs file, a path under a file, writable, not an input)."""
+    if args.resume and args.json is None:
+        raise UsageError("--resume continues the --json file: give --json")
+    if args.resume and args.json_array:
+        raise UsageError("--resume continues JSON Lines; leave out --json-array")
+    extra = [Path(p) for p in (args.boxes, args.config, args.model) if p is not None and Path(p).is_file()]
+    outputs = []
+    if args.out is not None and video_source is not None:
+        from vitpose.inference.video import output_video_path  # the video module names the file
+
+        drawn = output_video_path(args.out, video_source)
+        if drawn != args.out:
+            check_output(args.out, "--out", "dir", inputs + extra)
+        check_output(drawn, "--out", "file", inputs + extra)  # `--out .` beside clip.mp4 names clip.mp4
+        outputs.append(drawn)
+    elif args.out is not None:
+        check_output(args.out, "--out", "dir", inputs + extra)
+        out = args.out.expanduser().resolve()
+        if any(path.parent.resolve() == out for path in inputs):  # the drawings keep the images' names
+            raise UsageError(f"--out {args.out} is a source directory: the drawings would overwrite the images")
+    if args.json is not None:
+        check_output(args.json, "--json", "file", inputs + extra + outputs)
 
 
-def read_detection_file(path: Path) -> dict[int, np.ndarray]:
-    """A COCO detection results JSON -> {image_id: (M, 5) float32 [x, y, w, h, score]} of people.
-
-    Entries with a `category_id` other than 1 (person) are left out; every box is kept
-    whatever its score, as CocoKeypoints (and MMPose) read detection files.
-    """
-    try:
-        records = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UsageError(f"--boxes: file not found: {path}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UsageError(f"--boxes: {path}: not readable JSON ({e})") from None
-    if not isinstance(records, list):
-        raise UsageError(f"--boxes: {path}: expected a JSON list of {{image_id, bbox, score}}, "
-                         f"got {type(records).__name__}")
-    boxes: dict[int, list] = {}
-    for i, rec in enumerate(records):
-        where = f"--boxes: {path}: record [{i}]"
-        if not isinstance(rec, dict):
-            raise UsageError(f"{where}: expected an object, got {type(rec).__name__}")
-        for field in ("image_id", "bbox", "score"):
-            if field not in rec:
-                raise UsageError(f"{where}: missing field {field!r}")
-        if rec.get("category_id", 1) != 1:
-            continue
-        if not isinstance(rec["image_id"], int) or isinstance(rec["image_id"], bool):
-            raise UsageError(f"{where}: field 'image_id' must be an integer, got {rec['image_id']!r}")
-        bbox, score = rec["bbox"], rec["score"]
-        try:
-            row = np.array([*bbox[:4], score], np.float32) if len(bbox) >= 4 else None
-        except (TypeError, ValueError):
-            row = None
-        if row is None or not np.all(np.isfinite(row)) or row[2] <= 0 or row[3] <= 0:
-            raise UsageError(f"{where}: field 'bbox' must be [x, y, w, h] with w, h > 0 and a numeric "
-                             f"'score', got bbox={bbox!r} score={score!r}")
-        boxes.setdefault(rec["image_id"], []).append(row)
-    return {k: np.stack(v) for k, v in boxes.items()}
+def read_boxes(args, names: list[str] | None):
+    """`--boxes` -> (BoxTable, key) for images ("image_id" when every name is a COCO id and the
+    records have it, else "file_name"); names None for a video (its key is chosen there)."""
+    if args.boxes is None or names is None:
+        return None, None
+    table = read_boxes_file(args.boxes)
+    _, coco_named = image_ids(names)
+    if not table.by_key or (coco_named and table.keyed_by("image_id")):
+        return table, "image_id"
+    if table.keyed_by("file_name"):
+        return table, "file_name"
+    example = next((n for n in names if not Path(n).stem.isascii() or not Path(n).stem.isdigit()), names[0])
+    raise UsageError(f"--boxes: {args.boxes} gives image_id only, but the source's file names are not all COCO "
+                     f"ids (e.g. {example!r}): add 'file_name' to its records")
 
 
 # ----------------------------------------------------------------------------------------------
-# Results
+# Signals
 
 
-def coco_results(poses, image_id: int, file_name: str) -> list[dict]:
-    """COCO keypoint results of one image's `Poses` (see the module docstring)."""
-    out = []
-    for box, box_score, keypoints, scores in zip(poses.boxes, poses.box_scores, poses.keypoints,
-                                                  poses.keypoint_scores):
-        confident = scores[scores > RESCORE_THR]
-        score = float(box_score) * (float(confident.mean()) if len(confident) else 0.0)
-        flat = np.concatenate([keypoints, scores[:, None].astype(np.float64)], axis=1).ravel()
-        x1, y1, x2, y2 = (float(v) for v in box)
-        out.append({"image_id": image_id, "file_name": file_name, "category_id": 1,
-                    "bbox": [x1, y1, x2 - x1, y2 - y1], "keypoints": flat.tolist(),
-                    "bbox_score": float(box_score), "score": score})
-    return out
+class StopOnSignal:
+    """SIGINT / SIGTERM set `event` (the run ends after the items in flight); a second one raises
+    KeyboardInterrupt. Installed only in the main thread; the old handlers come back on exit."""
 
+    def __init__(self):
+        self.event = threading.Event()
+        self.signal_name = None
+        self._previous = {}
 
-def write_json(records: list[dict], path: Path) -> None:
-    """Write atomically: a crash never leaves a half-written results file behind."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(records))
-    os.replace(tmp, path)
+    def _handle(self, signum, frame):
+        if self.event.is_set():
+            raise KeyboardInterrupt
+        self.signal_name = signal.Signals(signum).name
+        self.event.set()
 
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
 
-def draw(image_bgr: np.ndarray, poses, keypoint_threshold: float) -> np.ndarray:
-    """The poses and their boxes drawn on a copy of a BGR image."""
-    import cv2
-
-    from vitpose.inference.draw import draw_pose
-
-    canvas = draw_pose(image_bgr, poses.keypoints, poses.keypoint_scores, thr=keypoint_threshold, channels="bgr")
-    thickness = max(1, max(image_bgr.shape[:2]) // 400)
-    for x1, y1, x2, y2 in np.round(poses.boxes).astype(int):
-        cv2.rectangle(canvas, (int(x1), int(y1)), (int(x2), int(y2)), (255, 255, 255), thickness)
-    return canvas
+    def __exit__(self, *exc):
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        return False
 
 
 # ----------------------------------------------------------------------------------------------
@@ -218,10 +226,6 @@ def build_predictor(args):
     from vitpose.inference.predictor import Predictor
 
     detector = args.detector or ("none" if args.boxes is not None else "default")
-    if args.boxes is not None and detector != "none":
-        raise UsageError("--boxes gives the person boxes: leave out --detector (or say --detector none)")
-    if args.boxes is None and detector == "none":
-        raise UsageError("--detector none needs the boxes from --boxes FILE.json (or use --detector full-frame)")
     try:
         device = resolve_device(args.device)
     except ValueError as e:
@@ -239,16 +243,37 @@ def build_predictor(args):
                                      det_classes=args.det_classes)
 
 
+def _check_flags(args) -> None:
+    if args.batch_images < 1:
+        raise UsageError(f"--batch-images must be >= 1, got {args.batch_images}")
+    if args.batch_size < 1:
+        raise UsageError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.det_every < 1:
+        raise UsageError(f"--det-every must be >= 1 (1 = the detector on every frame), got {args.det_every}")
+    if args.detector_threshold is not None and not 0.0 <= args.detector_threshold <= 1.0:
+        raise UsageError(f"--detector-threshold must be in [0, 1], got {args.detector_threshold}")
+    if not 0.0 <= args.keypoint_threshold <= 1.0:
+        raise UsageError(f"--keypoint-threshold must be in [0, 1], got {args.keypoint_threshold}")
+    if args.format != "coco" and args.json is None:
+        raise UsageError(f"--format {args.format} writes pre-annotations to --json FILE; give --json")
+    if args.format != "coco" and args.resume:
+        raise UsageError(f"--resume continues COCO JSON Lines; --format {args.format} writes one whole file")
+    if args.boxes is not None and args.detector not in (None, "none"):
+        raise UsageError("--boxes gives the person boxes: leave out --detector (or say --detector none)")
+    if args.boxes is None and args.detector == "none":
+        raise UsageError("--detector none needs the boxes from --boxes FILE.json (or use --detector full-frame)")
+
+
 def run(args) -> int:
     """`vitpose predict`; returns the exit status (errors about the user's input: one line, 2)."""
     from vitpose.config import ConfigError
-    from vitpose.models.hub import DownloadError, UnknownModelError
-    from vitpose.models.checkpoint import CheckpointError
 
-    expected = (UsageError, UnknownModelError, DownloadError, CheckpointError, ConfigError, FileNotFoundError,
-                NotImplementedError)
+    expected = (UserError, ConfigError, FileNotFoundError)  # load_model's errors (names, downloads, files) are UserErrors
     try:
         return _run(args)
+    except KeyboardInterrupt:  # a second Ctrl-C: the files were closed on the way out
+        print("vitpose predict: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except expected as e:
         if args.debug:
             raise
@@ -257,103 +282,214 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
-    if args.batch_images < 1 or args.batch_size < 1:
-        raise UsageError("--batch-images and --batch-size must be >= 1")
-    videos = [s for s in args.source if is_webcam(s) or is_video_file(Path(s).expanduser())]
-    if videos and len(args.source) > 1:
-        raise UsageError(f"a video or webcam ({videos[0]}) must be the only SOURCE")
-    paths = [] if videos else list_images([str(Path(s).expanduser()) for s in args.source])
-    if args.out is not None and any(p.parent.resolve() == args.out.resolve() for p in paths):
-        raise UsageError(f"--out {args.out} is a source directory: the drawings would overwrite the images")
-    boxes = read_detection_file(args.boxes) if args.boxes is not None else None
-    try:  # before any model loads: the source and the boxes file are checked first
+    _check_flags(args)
+    kinds = [classify_source(s) for s in args.source]
+    streams = [s for s, kind in zip(args.source, kinds) if kind in ("video", "webcam")]
+    if streams and len(args.source) > 1:
+        raise UsageError(f"a video or webcam ({streams[0]}) must be the only SOURCE")
+    if streams and args.format != "coco":
+        raise UsageError(f"--format {args.format} writes pre-annotations of images; a video takes --format coco")
+    if streams:
+        source = int(streams[0]) if kinds[0] == "webcam" else Path(streams[0]).expanduser()
+        if kinds[0] == "webcam" and args.json_array:
+            raise UsageError("--json-array: a webcam runs until it is stopped; its --json is JSON Lines only")
+        if kinds[0] == "video":
+            from vitpose.inference.video import check_video_file
+
+            check_video_file(source)
+        check_outputs(args, [] if kinds[0] == "webcam" else [source], video_source=source)
+        if args.boxes is not None:  # its errors before the model loads (run_video reads it for the frames)
+            read_boxes_file(args.boxes)
+        paths = names = None
+    else:
+        # image files named one by one are a bounded input: their --json is one COCO results list
+        # (as COCO.loadRes reads it); folders stream JSON Lines
+        args.json_array = args.json_array or (not args.resume and all(kind == "image" for kind in kinds))
+        paths = list_images([str(Path(s).expanduser()) for s in args.source])
+        names = output_names(paths)
+        image_ids(names)  # duplicate ids: an error before any work
+        check_outputs(args, paths)
+    boxes = read_boxes(args, names)
+    try:  # after the sources, the outputs and the boxes file are checked
         predictor = build_predictor(args)
     except (ValueError, RuntimeError) as e:  # an unrecognised weights file, detector weights, ViTPose+
         if args.debug:
             raise
         raise UsageError(str(e)) from None
-    if videos:
-        from vitpose.inference.video import run_video  # the video pipeline (decode, detect and pose overlapped)
+    with StopOnSignal() as stop:
+        if streams:
+            from vitpose.inference.video import run_video  # the video pipeline (decode, detect and pose overlapped)
 
-        source = videos[0]
-        summary = run_video(predictor, int(source) if is_webcam(source) else Path(source).expanduser(), args)
-        return summary.exit_status  # 1 when frames were skipped or the video ended early
-    if args.track or args.smooth:
-        print("vitpose predict: note: --track and --smooth apply to videos; ignored for images", file=sys.stderr)
-    return predict_images(predictor, paths, args, boxes)
+            return run_video(predictor, source, args, stop=stop.event).exit_status
+        if args.track or args.smooth or args.det_every != 1:
+            print("vitpose predict: note: --track, --smooth and --det-every apply to videos; ignored for images",
+                  file=sys.stderr)
+        return predict_images(predictor, paths, args, boxes, stop)
 
 
-def predict_images(predictor, paths: list[Path], args, boxes: dict[int, np.ndarray] | None) -> int:
+# ----------------------------------------------------------------------------------------------
+# Images
+
+
+class _ImageRun:
+    """The outputs and tallies of one run over image files."""
+
+    def __init__(self, predictor, args, names: list[str]):
+        self.predictor, self.args = predictor, args
+        self.ids, _ = image_ids(names)
+        self.results = None
+        if args.json is not None and getattr(args, "format", "coco") != "coco":
+            self.results = ResultsFile(args.json, "file_name", array=True, render=_annotation_writer(args, predictor))
+        elif args.json is not None:
+            self.results = ResultsFile(args.json, "file_name", array=args.json_array, resume=args.resume)
+        self.failed: list[str] = []
+        self.people = self.nobody = self.done = 0
+        self.skeleton = getattr(predictor, "skeleton", None)
+
+    def predict(self, images, given, names) -> list:
+        """The predictor on a chunk of images; when it fails, image by image (one bad image costs one)."""
+        try:
+            return self.predictor(images, boxes=given, channels="bgr")
+        except Exception as e:  # noqa: BLE001 - any failure on one image's pixels costs that image
+            if len(images) > 1:
+                return [self.predict([i], None if given is None else [g], [n])[0]
+                        for i, g, n in zip(images, given or [None] * len(images), names)]
+            self.failed.append(f"{names[0]}: {type(e).__name__}: {e}")
+            return [None]
+
+    def output(self, name: str, image_id: int, image, poses) -> None:
+        from vitpose.files import write_image
+        from vitpose.inference.draw import draw_people
+
+        timer = self.predictor.timer
+        if self.results is not None:
+            with timer.stage("write"):
+                records, nonfinite = coco_records(poses, image_id=image_id, file_name=name)
+                if getattr(self.args, "format", "coco") != "coco":  # the pre-annotation formats need the size
+                    records = [{**r, "width": image.shape[1], "height": image.shape[0]} for r in records]
+                self.results.write(records, nonfinite)
+        self.people += len(poses)
+        self.nobody += len(poses) == 0
+        self.done += 1
+        if self.args.out is not None:
+            with timer.stage("draw"):
+                canvas = draw_people(image, poses, self.skeleton, self.args.keypoint_threshold, "bgr")
+            with timer.stage("write"):
+                try:  # through a numpy buffer and the atomic writer: any file name the OS allows
+                    write_image(self.args.out / name, canvas)
+                except (OSError, ValueError) as e:
+                    self.failed.append(f"{name}: could not write {self.args.out / name} ({e})")
+
+
+def predict_images(predictor, paths: list[Path], args, boxes=(None, None), stop=None) -> int:
     """Poses of image files, `args.batch_images` at a time; results, drawings and the summary."""
-    import cv2
     from tqdm import tqdm
 
     from vitpose.data.errors import DataError
     from vitpose.data.image_io import load_image
 
-    timer = predictor.timer
-    timer.reset()
-    ids = image_ids(paths)
+    predictor.timer.reset()
     names = output_names(paths)
-    if boxes is not None:
-        unused = sorted(set(boxes) - set(ids))
-        if unused:
-            print(f"vitpose predict: note: {args.boxes} has boxes for {len(unused)} image ids that are not in "
-                  f"the source (e.g. {unused[:3]})", file=sys.stderr)
+    state = _ImageRun(predictor, args, names)
+    table, key = boxes if boxes is not None else (None, None)
+    todo = [i for i, name in enumerate(names) if state.results is None or name not in state.results.done]
+    if table is not None:
+        _note_unused(table, key, names, state.ids)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-    results, unreadable, people, nobody, done = [], [], 0, 0, 0
-    empty = np.zeros((0, 5), np.float32)
-    with tqdm(total=len(paths), unit="img", desc="predict", dynamic_ncols=True, file=sys.stderr) as bar:
-        for start in range(0, len(paths), args.batch_images):
-            stop = start + args.batch_images
-            chunk = list(zip(paths[start:stop], ids[start:stop], names[start:stop]))
-            images, kept = [], []
-            with timer.stage("decode"):
-                for path, image_id, name in chunk:
-                    try:
-                        images.append(load_image(path)[0])  # BGR; missing, empty and truncated files raise
-                        kept.append((path, image_id, name))
-                    except DataError as e:
-                        unreadable.append(str(e))
-            if images:
-                if boxes is None:
-                    all_poses = predictor(images, channels="bgr")
-                else:
-                    given = [boxes.get(image_id, empty) for _, image_id, _ in kept]
-                    all_poses = predictor(images, boxes=given, box_format="xywh", channels="bgr")
-                for (path, image_id, name), image, poses in zip(kept, images, all_poses):
-                    results += coco_results(poses, image_id, path.name)
-                    people += len(poses)
-                    nobody += len(poses) == 0
-                    if args.out is not None:
-                        with timer.stage("draw"):
-                            canvas = draw(image, poses, args.keypoint_threshold)
-                        with timer.stage("write"):
-                            if not cv2.imwrite(str(args.out / name), canvas):
-                                unreadable.append(f"{path}: could not write {args.out / name}")
-                done += len(images)
-            bar.update(len(chunk))
-    if args.json is not None:
-        with timer.stage("write"):
-            write_json(results, args.json)
-    print_summary(timer, done, people, nobody, unreadable, args)
-    return EXIT_SKIPPED if unreadable else EXIT_OK
+    interrupted = False
+    try:
+        with tqdm(total=len(todo), unit="img", desc="predict", dynamic_ncols=True, file=sys.stderr) as bar:
+            for start in range(0, len(todo), args.batch_images):
+                if stop is not None and stop.event.is_set():
+                    interrupted = True
+                    break
+                chunk, images = [], []
+                with predictor.timer.stage("decode"):
+                    for i in todo[start:start + args.batch_images]:
+                        try:
+                            images.append(load_image(paths[i])[0])  # BGR; missing, empty and truncated files raise
+                            chunk.append(i)
+                        except DataError as e:
+                            state.failed.append(str(e))
+                given = None if table is None else [_boxes_of(table, key, names[i], state.ids[i]) for i in chunk]
+                for i, image, poses in zip(chunk, images, state.predict(images, given, [names[i] for i in chunk])):
+                    if poses is not None:
+                        state.output(names[i], state.ids[i], image, poses)
+                bar.update(len(todo[start:start + args.batch_images]))
+    finally:
+        where = _close_results(state, completed=not interrupted)
+    print_summary(state, len(paths) - len(todo), where, interrupted, stop)
+    if interrupted:
+        return EXIT_INTERRUPTED
+    return EXIT_FAILED if state.failed else EXIT_OK
 
 
-def print_summary(timer, done: int, people: int, nobody: int, unreadable: list, args) -> None:
-    ordered = {name: timer.seconds[name] for name in STAGES if name in timer.seconds}
-    ordered.update({k: v for k, v in timer.seconds.items() if k not in ordered})
-    timer.seconds = ordered
-    print(f"{done} images, {people} people" + (f", {nobody} images with nobody found" if nobody else ""))
-    print(timer.summary(done, "image"))
-    written = [str(p) for p in (args.out, args.json) if p is not None]
+def _annotation_writer(args, predictor):
+    """records -> the text of `--format labelstudio | cvat` (vitpose/data/annotation_formats.py)."""
+    from vitpose.data import annotation_formats
+    from vitpose.data.metainfo import dataset_info
+
+    skeleton = getattr(predictor, "skeleton", None) or dataset_info("coco")
+
+    def render(records: list[dict]) -> str:
+        K = len(records[0]["keypoints"]) // 3 if records else skeleton.num_keypoints
+        if K != skeleton.num_keypoints:
+            raise UsageError(f"--format {args.format}: the model predicts {K} keypoints but the skeleton "
+                             f"{skeleton.name!r} names {skeleton.num_keypoints}; give the model's training config "
+                             f"with --config")
+        if args.format == "labelstudio":
+            return json.dumps(annotation_formats.to_labelstudio_tasks(records, skeleton.keypoint_names,
+                                                                      mark_below=args.mark_below), indent=1)
+        return annotation_formats.to_cvat_xml(records, skeleton.keypoint_names, skeleton.skeleton,
+                                              mark_below=args.mark_below)
+    return render
+
+
+def _boxes_of(table, key: str, name: str, image_id: int) -> np.ndarray:
+    found = table.lookup(key, name if key == "file_name" else image_id)
+    return np.concatenate([found.boxes, found.scores[:, None]], axis=1)
+
+
+def _note_unused(table, key: str, names: list[str], ids: list[int]) -> None:
+    unused = sorted(set(table.by_key.get(key, {})) - set(names if key == "file_name" else ids), key=str)
+    if unused:
+        print(f"vitpose predict: note: {table.path} has boxes for {len(unused)} images ({key}) that are not in "
+              f"the source (e.g. {unused[:3]})", file=sys.stderr)
+
+
+def _close_results(state: _ImageRun, completed: bool):
+    if state.results is None:
+        return None
+    with state.predictor.timer.stage("write"):
+        # a run in which every image failed replaces nothing
+        return state.results.close(completed and (state.done > 0 or not state.failed))
+
+
+def print_summary(state: _ImageRun, resumed: int, json_path, interrupted: bool, stop) -> None:
+    timer = state.predictor.timer
+    timer.seconds = timer.ordered(STAGES)
+    print(f"{state.done} images, {state.people} people"
+          + (f", {state.nobody} images with nobody found" if state.nobody else "")
+          + (f" ({resumed} already in {state.args.json}, skipped)" if resumed else ""))
+    print(timer.summary(state.done, "image"))
+    written = [str(p) for p in (state.args.out, json_path) if p is not None]
     if written:
         print("written: " + ", ".join(written))
-    if unreadable:
-        print(f"vitpose predict: {len(unreadable)} images skipped (missing or unreadable) or not written:",
+    if state.results is not None and state.results.nonfinite:
+        print(f"vitpose predict: warning: {state.results.nonfinite} keypoint or score values were not finite "
+              f"and are written as null", file=sys.stderr)
+    if interrupted:
+        why = stop.signal_name if stop is not None and stop.signal_name else "the user"
+        if json_path is not None and Path(json_path) != Path(state.args.json):
+            hint = f"; {state.args.json} is unchanged, this run's results so far are in {json_path}"
+        else:
+            hint = "; run again with --resume to finish --json" if state.args.json is not None else ""
+        print(f"vitpose predict: interrupted by {why} after {state.done} images{hint}", file=sys.stderr)
+    if state.failed:
+        print(f"vitpose predict: {len(state.failed)} images skipped (missing, unreadable or failed) or not written:",
               file=sys.stderr)
-        for why in unreadable[:20]:
+        for why in state.failed[:20]:
             print(f"  {why}", file=sys.stderr)
-        if len(unreadable) > 20:
-            print(f"  ... and {len(unreadable) - 20} more", file=sys.stderr)
+        if len(state.failed) > 20:
+            print(f"  ... and {len(state.failed) - 20} more", file=sys.stderr)

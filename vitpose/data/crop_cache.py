@@ -45,6 +45,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from vitpose.files import replace_dir
+
 from .coco_index import CocoIndex
 from .errors import DataError
 from .image_io import load_image
@@ -361,9 +363,7 @@ def build_crop_cache(index: CocoIndex, img_dir, path, input_size=(192, 256), num
             "images_left_out": len({int(images[r]) for r in missing})}
     np.savez(tmp / INDEX_FILE, meta=np.array(json.dumps(meta)), region_boxes=boxes.astype(np.int32),
              region_offsets=offsets, instance_region=instance_region.astype(np.int32))
-    if path.exists():
-        shutil.rmtree(path)
-    os.replace(tmp, path)
+    replace_dir(tmp, path)
     meta["bytes_per_instance"] = total / max(len(index), 1)
     meta["seconds"] = time.perf_counter() - t0
     return meta

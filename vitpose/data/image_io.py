@@ -15,10 +15,17 @@ Reduced decoding (`reduce` = 2, 4 or 8) uses libjpeg's DCT scaling through
 [f*i, f*i + f), so its centre sits at full-resolution x = f*i + (f-1)/2 (which
 `transforms.source_matrix` folds into the warp). Only JPEGs are reduced; other formats are decoded at full size
 (OpenCV resizes those with a different pixel-centre rule).
+
+Files are read through `vitpose.files` (numpy buffers: any file name the OS allows), and an image
+whose header says it is over the pixel limit (`vitpose.files.DEFAULT_MAX_PIXELS`, or
+$VITPOSE_MAX_PIXELS) is refused with a DataError before it is decoded.
 """
 
 import cv2
 import numpy as np
+
+from vitpose.files import ImageTooLargeError, check_pixel_limit
+from vitpose.files import read_bytes as read_file_bytes
 
 from .errors import DataError
 
@@ -37,9 +44,9 @@ _TRAILING_PADDING = b"\x00\r\n\t "
 
 
 def read_bytes(path, record=None) -> np.ndarray:
-    """The file's bytes as a uint8 array (what cv2.imdecode takes)."""
+    """The file's bytes as a uint8 array (what cv2.imdecode takes); any file name the OS allows."""
     try:
-        buf = np.fromfile(str(path), dtype=np.uint8)
+        buf = read_file_bytes(path)
     except FileNotFoundError:
         raise DataError("image file not found", file=path, record=record, field="file_name") from None
     except OSError as e:
@@ -68,13 +75,19 @@ def check_complete(buf: np.ndarray, path, record=None) -> None:
 
 
 def decode_image(buf: np.ndarray, path="<bytes>", record=None, reduce: int = 1,
-                 expected_size=None) -> np.ndarray:
+                 expected_size=None, max_pixels: int | None = None) -> np.ndarray:
     """Decode bytes to uint8 BGR (H, W, 3), optionally at 1/`reduce` resolution (JPEG only).
 
     expected_size: (width, height) of the full-resolution image from its record; the decoded
     size is checked against it (ceil(W / reduce) for reduced JPEG decoding).
+    max_pixels: the pixel limit checked on the header before decoding (`vitpose.files`; None:
+    $VITPOSE_MAX_PIXELS or `files.DEFAULT_MAX_PIXELS`).
     """
     check_complete(buf, path, record)
+    try:
+        check_pixel_limit(buf, path, max_pixels)
+    except ImageTooLargeError as e:
+        raise DataError(str(e), record=record) from None  # the message names the file
     if reduce not in _REDUCED_FLAGS:
         raise ValueError(f"reduce must be one of {sorted(_REDUCED_FLAGS)}, got {reduce}")
     if reduce > 1 and not is_jpeg(buf):
@@ -93,12 +106,12 @@ def decode_image(buf: np.ndarray, path="<bytes>", record=None, reduce: int = 1,
     return img
 
 
-def load_image(path, record=None, reduce: int = 1, expected_size=None):
+def load_image(path, record=None, reduce: int = 1, expected_size=None, max_pixels: int | None = None):
     """Read and decode one image file; returns (image BGR uint8, the reduction actually used)."""
     buf = read_bytes(path, record)
     if reduce > 1 and not is_jpeg(buf):
         reduce = 1
-    return decode_image(buf, path, record, reduce, expected_size), reduce
+    return decode_image(buf, path, record, reduce, expected_size, max_pixels), reduce
 
 
 # EXIF orientations that rotate by 90 degrees: OpenCV applies them on decoding, so the decoded

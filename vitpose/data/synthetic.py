@@ -56,6 +56,12 @@ can be trained and evaluated end to end on a CPU (configs/demo_k5.yaml).
 
 Everything is a pure function of (seed, split, image index, arguments): the same call writes the
 same bytes, and the first n images of a larger set are the n images of a smaller one.
+
+A folder of the user's is never written over: `claim_synthetic_root(root)` (what `train.py` calls
+before it writes the set a config asks for) accepts only a new or empty folder, which it stamps with
+``synthetic.json`` before the first image, or a folder that carries that stamp. A `data.root` that
+holds anything else (the user's own COCO-layout set, complete or not) is refused with one line and
+nothing is written into it.
 """
 
 from __future__ import annotations
@@ -70,7 +76,10 @@ import cv2
 import numpy as np
 
 from vitpose.coco_meta import KEYPOINT_NAMES, NUM_KEYPOINTS, PERSON_CATEGORY_ID, SKELETON
+from vitpose.data.errors import DataError
 from vitpose.data.geometry import bbox_xyxy2xywh
+from vitpose.errors import UserError
+from vitpose.files import write_atomic
 
 __all__ = ["SyntheticCoco", "SyntheticImage", "image_rng", "make_coco", "synthesize_image"]
 
@@ -494,10 +503,40 @@ def keypoint_columns(dataset_info) -> list[int]:
     return [K[n] for n in dataset_info.keypoint_names]
 
 
+STAMP_NAME = "synthetic.json"  # marks a folder this project created for a synthetic set
+
+
+class SyntheticRootError(DataError, UserError):
+    """The synthetic set would be written into a folder this project did not create."""
+
+
+def claim_synthetic_root(root, num_images: int | None = None) -> Path:
+    """Make sure the synthetic set may be written into `root`; stamp a new or empty folder as ours.
+
+    Raises SyntheticRootError (one line; nothing written) when `root` is a file, or a folder that
+    holds files but no `STAMP_NAME`: that is the user's data, never to be overwritten.
+    """
+    root = Path(root)
+    asked = f" (data.synthetic_train_images: {num_images})" if num_images is not None else ""
+    if root.exists() and not root.is_dir():
+        raise SyntheticRootError(f"data.root {root} is a file; the synthetic set{asked} needs a folder")
+    if (root / STAMP_NAME).is_file():
+        return root
+    held = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+    if held:
+        shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
+        raise SyntheticRootError(
+            f"data.root {root} holds files this project did not write ({shown}; no {STAMP_NAME}), so the "
+            f"synthetic set the config asks for{asked} is not written there and nothing was changed. To "
+            f"train on your own data there, set data.synthetic_train_images: 0 and data.synthetic_val_images: 0; "
+            f"for the synthetic set, point data.root at a new folder")
+    root.mkdir(parents=True, exist_ok=True)
+    write_atomic(root / STAMP_NAME, "{}")  # ours from now on, even if the writing is interrupted
+    return root
+
+
 def _write_json(path: Path, obj) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, separators=(",", ":")))
-    tmp.replace(path)
+    write_atomic(path, json.dumps(obj, separators=(",", ":")))
 
 
 def make_coco(root, num_images: int, seed: int, split: str = "train", image_size=(320, 240),

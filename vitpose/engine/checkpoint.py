@@ -13,9 +13,11 @@ objects), so `torch.load(path, weights_only=True)` reads it:
     nonfinite_in_row  non-finite losses in a row before this point (train.max_nonfinite)
     rng          torch CPU/CUDA states as uint8 tensors; numpy and Python states as tensors
     config       the resolved run config (plain dict)
+    vitpose.model_spec  the model's ModelSpec as plain data (vitpose.models.spec: architecture,
+                 codec, skeleton), so `vitpose.load_model(path)` needs no config
     best_ap      best validation AP so far (or None), best_epoch
 
-Writes go to a temporary file in the same directory, are flushed and fsynced, renamed over the
+Writes go through `vitpose.files.atomic_file`: a temporary file in the same directory, fsynced, renamed over the
 target and the directory is fsynced: a crash or a full disk leaves the previous file intact (a
 full disk raises `CheckpointSaveError`, one line naming the target and the free space). Files get
 the permissions the umask gives ordinary files (group-readable like the logs), not mkstemp's 0600.
@@ -28,12 +30,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import functools
-import os
 import random
 import re
 import shutil
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -41,10 +40,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from vitpose.models.checkpoint import CheckpointError, describe_file, strip_wrapper_prefixes, unwrap_model
+from vitpose.files import TEMP_SUFFIX, atomic_file, readable_mode  # noqa: F401 - re-exported for workdir
+from vitpose.models.checkpoint import CheckpointError, strip_wrapper_prefixes, torch_load, unwrap_model
 
 REQUIRED_KEYS = ("model", "optimizer", "epoch", "batch", "iteration")
-TEMP_SUFFIX = ".tmp"  # temp files are `.NAME.XXXXXXXX.tmp` beside their target
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
@@ -108,33 +107,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
 # Atomic save and safe load
 
 
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # e.g. Windows: directories cannot be opened
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-@functools.cache
-def readable_mode() -> int:
-    """The mode an ordinary new file gets under this process's umask (0o644 under umask 022)."""
-    umask = None
-    with contextlib.suppress(OSError, ValueError):  # Linux >= 4.7 reports it without changing it
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                umask = int(line.split()[1], 8)
-    if umask is None:
-        umask = os.umask(0o022)
-        os.umask(umask)
-    return 0o666 & ~umask
-
-
 def _is_disk_full(error: BaseException) -> bool:
     # torch's zip writer reports a short write as a RuntimeError ("... unexpected pos ..."),
     # without an errno; treat it like ENOSPC when the disk is in fact (nearly) full.
@@ -151,17 +123,10 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as f:
+        with atomic_file(path) as f:  # the temp file is deleted on any error
             torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, readable_mode())
-        os.replace(tmp, path)
     except BaseException as e:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
         if _is_disk_full(e) or isinstance(e, PermissionError):
             free = shutil.disk_usage(path.parent).free / 2**30
             kept = "the previous checkpoint is intact" if path.exists() else "no earlier checkpoint of that name"
@@ -170,7 +135,6 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
                 f"cannot write {path}: {cause} ({free:.2f} GiB free on its disk); {kept}. Free some space, "
                 f"then continue with --resume auto") from None
         raise
-    _fsync_dir(path.parent)
     return path
 
 
@@ -182,13 +146,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     Raises CheckpointError (one line: the file and what it looks like) if it is unusable.
     """
     path = Path(path)
-    try:
-        state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
-    except FileNotFoundError:
-        raise CheckpointError(f"checkpoint not found: {path}") from None
-    except Exception as e:  # truncated zip, bad pickle, random bytes, disallowed global...
-        raise CheckpointError(f"{path}: not a readable checkpoint ({describe_file(path)}; "
-                              f"{type(e).__name__})") from None
+    state = torch_load(path, mmap=mmap, map_location=map_location)  # refused pickles explained as everywhere
     if not isinstance(state, dict):
         raise CheckpointError(f"{path}: holds a {type(state).__name__}, not a training checkpoint")
     missing = [k for k in REQUIRED_KEYS if k not in state]

@@ -30,6 +30,7 @@ from vitpose.engine.schedule import BASE_LR_KEY, LRSchedule
 from vitpose.engine.telemetry import Telemetry
 from vitpose.engine.thermal import ThermalGuard
 from vitpose.models.checkpoint import CheckpointError, unwrap_model
+from vitpose.models.spec import METADATA_KEY, spec_of_model
 
 keypoint_mse_loss = KeypointMSELoss(use_target_weight=True)
 
@@ -257,6 +258,7 @@ def checkpoint_payload(model, optimizer, schedule, precision: Precision, state: 
         **{f.name: getattr(state, f.name) for f in fields(TrainState)},
         "rng": rng_state(),
         "config": config,
+        METADATA_KEY: spec_of_model(model).to_dict(),  # what the file is: loaders rebuild it from this
     }
 
 

@@ -20,10 +20,10 @@ import errno
 import fcntl
 import os
 import socket
-import tempfile
 from pathlib import Path
 
-from vitpose.engine.checkpoint import TEMP_SUFFIX, checkpoint_files, readable_mode
+from vitpose.engine.checkpoint import checkpoint_files
+from vitpose.files import TEMP_SUFFIX, write_atomic
 
 LOCK_NAME = ".lock"
 
@@ -107,17 +107,4 @@ def remove_temp_files(work_dir: str | Path) -> list[Path]:
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
     """Write `text` to `path` via a temp file in the same directory, fsync and rename."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, readable_mode())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return path
+    return write_atomic(path, text)

@@ -39,6 +39,7 @@ import numpy as np
 
 from vitpose.coco_meta import SIGMAS
 from vitpose.evaluation.nms import oks_nms, soft_oks_nms
+from vitpose.files import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -395,24 +396,11 @@ class CocoEvaluator:
     # -- protocol ---------------------------------------------------------------------------------
 
     def rescore(self, keypoint_scores: np.ndarray, bbox_scores) -> np.ndarray:
-        """bbox_score x mean of the keypoint scores above the threshold (0 when none are).
-
-        keypoint_scores (..., K), bbox_scores (...) -> (...) float64. MMPose compares one numpy
-        float32 score at a time with the Python float threshold, which NumPy 1.x does in float64:
-        a score of exactly float32(0.2) (0.2000000030) is above 0.2. So the comparison here is in
-        float64 whatever the scores' dtype (docs/mmpose-edge-cases.md §2).
-        """
-        bbox_scores = np.asarray(bbox_scores, dtype=np.float64)
+        """bbox_score x mean of the keypoint scores above the threshold (`instance_scores`);
+        the box score alone with `score_mode="bbox"`."""
         if self.score_mode == "bbox":
-            return bbox_scores
-        scores = np.asarray(keypoint_scores, dtype=np.float64)
-        confident = scores > self.keypoint_score_thr
-        count = confident.sum(axis=-1)
-        # MMPose adds the confident scores one by one, left to right, in float64; a cumulative sum
-        # adds in that order (adding 0.0 for the others changes nothing), where np.sum would pair.
-        total = np.cumsum(np.where(confident, scores, 0.0), axis=-1)[..., -1]
-        mean = np.divide(total, count, out=np.zeros_like(total), where=count > 0)
-        return bbox_scores * mean
+            return np.asarray(bbox_scores, dtype=np.float64)
+        return instance_scores(keypoint_scores, bbox_scores, self.keypoint_score_thr)
 
     def keep(self, columns: PredictionArrays) -> list[np.ndarray]:
         """Per image (first-appearance order): the indices that survive de-duplication and NMS."""
@@ -502,10 +490,28 @@ class CocoEvaluator:
 
     def write_results(self, predictions: Sequence[dict], path) -> Path:
         """Write the COCO keypoint results JSON (after the protocol) that `evaluate` scores."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.results(predictions)))
-        return path
+        return write_atomic(path, json.dumps(self.results(predictions)))
+
+
+def instance_scores(keypoint_scores, bbox_scores, keypoint_score_thr: float = 0.2) -> np.ndarray:
+    """MMPose's instance score: bbox_score x mean of the keypoint scores above the threshold (0 when none are).
+
+    keypoint_scores (..., K), bbox_scores (...) -> (...) float64. MMPose compares one numpy
+    float32 score at a time with the Python float threshold, which NumPy 1.x does in float64:
+    a score of exactly float32(0.2) (0.2000000030) is above 0.2. So the comparison here is in
+    float64 whatever the scores' dtype (docs/mmpose-edge-cases.md §2). `vitpose predict --json`
+    scores its records with this function too, so the two commands agree.
+    """
+    bbox_scores = np.asarray(bbox_scores, dtype=np.float64)
+    scores = np.asarray(keypoint_scores, dtype=np.float64)
+    confident = scores > keypoint_score_thr
+    count = confident.sum(axis=-1)
+    # MMPose adds the confident scores one by one, left to right, in float64; a cumulative sum
+    # adds in that order (adding 0.0 for the others changes nothing), where np.sum would pair.
+    total = np.cumsum(np.where(confident, scores, 0.0), axis=-1)[..., -1] if scores.shape[-1] else \
+        np.zeros(scores.shape[:-1])
+    mean = np.divide(total, count, out=np.zeros_like(total), where=count > 0)
+    return bbox_scores * mean
 
 
 def score_with_cocoeval(coco, results: list[dict], sigmas: np.ndarray) -> list[float]:
@@ -556,10 +562,7 @@ def save_predictions(predictions: Iterable[dict], path) -> Path:
             return value.tolist()
         return value
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps([{k: plain(v) for k, v in p.items()} for p in predictions]))
-    return path
+    return write_atomic(path, json.dumps([{k: plain(v) for k, v in p.items()} for p in predictions]))
 
 
 def load_predictions(path) -> list[dict]:

@@ -30,6 +30,7 @@ import numpy as np
 
 from vitpose.evaluation.coco_evaluator import GroundTruthError, PredictionError
 from vitpose.evaluation.matfile import read_mat_arrays
+from vitpose.files import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -208,10 +209,7 @@ class PCKhEvaluator:
 
     def write_results(self, predictions: Sequence[dict], path) -> Path:
         """Write `results(predictions)` as JSON."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.results(predictions)))
-        return path
+        return write_atomic(path, json.dumps(self.results(predictions)))
 
 
 def _image_id(image: str) -> int | str:

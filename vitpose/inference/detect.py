@@ -23,13 +23,14 @@ first. `FullFrame` is the whole image as one box (single-person clips).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
-
 import numpy as np
 import torch
+
+from vitpose.inference.results import Detections, FullFrame
 
 __all__ = ["ANIMAL_LABELS", "ANIMAL_SKELETONS", "DETECTORS", "DetectorInfo", "Detections", "FullFrame", "PersonDetector",
            "build_detector", "coco_label_names", "default_detector_name", "detector_labels", "make_detector",
@@ -41,17 +42,6 @@ PERSON_LABEL = 1  # COCO category id of "person" in torchvision's 91-entry label
 ANIMAL_LABELS = (16, 17, 18, 19, 20, 21, 22, 23, 24, 25)
 ANIMAL_SKELETONS = ("ap10k", "apt36k")  # `DatasetInfo.name` of the animal skeletons
 DEFAULT_SCORE_THRESHOLD = 0.3  # MMPose's top-down demo (`--bbox-thr 0.3`)
-
-
-class Detections(NamedTuple):
-    """Person boxes of one image: boxes (M, 4) float32 xyxy pixels, scores (M,) float32."""
-
-    boxes: np.ndarray
-    scores: np.ndarray
-
-
-def _empty() -> Detections:
-    return Detections(np.zeros((0, 4), np.float32), np.zeros(0, np.float32))
 
 
 @dataclass(frozen=True)
@@ -114,7 +104,8 @@ class PersonDetector:
     def __init__(self, model: torch.nn.Module, score_threshold: float = DEFAULT_SCORE_THRESHOLD, device=None,
                  batch_size: int = 8, person_label: int = PERSON_LABEL, labels: Sequence[int] | None = None):
         if not 0.0 <= score_threshold <= 1.0:
-            raise ValueError(f"score_threshold must be in [0, 1], got {score_threshold}")
+            raise ValueError(f"score_threshold (vitpose predict --detector-threshold) must be in [0, 1], "
+                             f"got {score_threshold}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if device is None:
@@ -153,17 +144,6 @@ class PersonDetector:
         return found
 
 
-class FullFrame:
-    """The whole image as one person box with score 1 (single-person clips, pre-cropped images)."""
-
-    def __call__(self, images: Sequence[np.ndarray], channels: str = "rgb") -> list[Detections]:
-        out = []
-        for image in images:
-            h, w = image.shape[:2]
-            out.append(Detections(np.array([[0, 0, w, h]], np.float32), np.ones(1, np.float32)))
-        return out
-
-
 def build_detector(name: str, device=None, score_threshold: float = DEFAULT_SCORE_THRESHOLD,
                    pretrained: bool = True, batch_size: int = 8, labels: Sequence[int] | None = None) -> PersonDetector:
     """A PersonDetector from a name of `DETECTORS` (COCO weights via torchvision's cache).
@@ -181,19 +161,15 @@ def build_detector(name: str, device=None, score_threshold: float = DEFAULT_SCOR
         raise ValueError(f"unknown detector {name!r}; choose one of: " + ", ".join(DETECTORS)
                          + ", 'default', 'full-frame' or 'none'")
     if pretrained:
+        from vitpose.models import hub
+
         url = DETECTORS[name].weights_url()
         cached = Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(url)
-        offline = (os.environ.get("HF_HUB_OFFLINE") or "").strip().upper() in ("1", "ON", "YES", "TRUE")
-        if not cached.is_file() and offline:
-            raise RuntimeError(f"detector {name}: weights not in torchvision's cache ({cached}) and "
-                               f"HF_HUB_OFFLINE is set; fetch {url} there once with network access, or use "
-                               f"--detector full-frame / --boxes FILE")
-        try:
-            model = DETECTORS[name].build(True)
-        except OSError as e:  # URLError and friends: no network, DNS, proxy
-            raise RuntimeError(f"detector {name}: could not download its weights ({type(e).__name__}: {e}); "
-                               f"fetch {url} into {cached} once with network access, or use "
-                               f"--detector full-frame / --boxes FILE") from None
+        if not cached.is_file():  # fetched with timeouts and tries (torch.hub's own download has none)
+            digits = re.search(r"-([a-f0-9]+)\.", cached.name)  # torch.hub's check: the name's hash digits
+            hub.download_url(url, cached, digits.group(1) if digits else None, f"detector {name}",
+                             alternative="; or use --detector full-frame / --boxes FILE")
+        model = DETECTORS[name].build(True)  # found in the cache: no network
     else:
         model = DETECTORS[name].build(False)
     return PersonDetector(model, score_threshold, device=device or "cpu", batch_size=batch_size, labels=labels)

@@ -91,3 +91,40 @@ def _colours(given, count: int, name: str, default: list) -> list:
     if len(colours) != count or any(len(c) != 3 for c in colours):
         raise ValueError(f"{name} must hold {count} RGB triples, got {len(colours)}")
     return colours
+
+
+def _track_colour(track_id: int) -> tuple[int, int, int]:
+    """An RGB colour per track id: well-separated hues for consecutive ids."""
+    hue = (track_id * 47) % 180
+    rgb = cv2.cvtColor(np.array([[[hue, 200, 255]]], np.uint8), cv2.COLOR_HSV2RGB)[0, 0]
+    return tuple(int(v) for v in rgb)
+
+
+def draw_people(image: np.ndarray, poses, skeleton=None, thr: float = 0.3, channels: str = "bgr") -> np.ndarray:
+    """The people of one image or frame (a `Poses`) drawn on a copy: skeletons, boxes, track ids.
+
+    skeleton: the model's `DatasetInfo` (its limbs and colours; None: COCO-17). Boxes are white,
+    or the track's colour with its id written above when `poses.track_ids` is set.
+    """
+    if len(poses.boxes) and skeleton is not None:
+        canvas = draw_pose(image, poses.keypoints, poses.keypoint_scores, thr=thr, skeleton=skeleton.skeleton,
+                           channels=channels, keypoint_colors=skeleton.keypoint_colors,
+                           link_colors=skeleton.link_colors)
+    elif len(poses.boxes):
+        canvas = draw_pose(image, poses.keypoints, poses.keypoint_scores, thr=thr, channels=channels)
+    else:
+        canvas = np.ascontiguousarray(np.asarray(image).copy())
+    thickness = max(1, max(canvas.shape[:2]) // 400)
+    for m, box in enumerate(np.asarray(poses.boxes, np.float64)):
+        if not np.all(np.isfinite(box)):
+            continue
+        tracked = poses.track_ids is not None
+        rgb = _track_colour(int(poses.track_ids[m])) if tracked else (255, 255, 255)
+        colour = tuple(rgb[::-1]) if channels == "bgr" else rgb
+        p1 = (int(round(box[0])), int(round(box[1])))
+        p2 = (int(round(box[2])), int(round(box[3])))
+        cv2.rectangle(canvas, p1, p2, colour, thickness, cv2.LINE_AA)
+        if tracked:
+            cv2.putText(canvas, str(int(poses.track_ids[m])), (p1[0] + 2, p1[1] + 14 * thickness),
+                        cv2.FONT_HERSHEY_SIMPLEX, 0.5 * thickness, colour, thickness, cv2.LINE_AA)
+    return canvas

@@ -28,8 +28,6 @@ import contextlib
 import copy
 import importlib.util
 import json
-import os
-import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -43,11 +41,14 @@ from torch import nn
 from vitpose.coco_meta import FLIP_INDICES, KEYPOINT_NAMES, PIXEL_MEAN, PIXEL_STD
 from vitpose.codecs.udp import UDPHeatmap
 from vitpose.data.loaders import normalize_images
+from vitpose.files import staged_files
 from vitpose.models.checkpoint import unwrap_model
+from vitpose.models.spec import METADATA_KEY, spec_of_model
 from vitpose.topdown import forward_heatmaps
 
 __all__ = ["FORMATS", "ExportGraph", "GateError", "GateReport", "GateRun", "MissingDependencyError",
-           "check_export", "export", "gate_crops", "to_exported_program", "to_onnx"]
+           "check_export", "export", "gate_crops", "own_flip_indices", "read_export_spec", "to_exported_program",
+           "to_onnx"]
 
 FORMATS = ("onnx", "pt2")
 EXTRA_HINT = 'pip install "vitpose[export]"'
@@ -158,11 +159,32 @@ def _check_batch(batch) -> str | int:
     raise ValueError(f"batch must be 'dynamic' or a positive int, got {batch!r}")
 
 
-def _metadata(codec, flip_test, flip_indices, fp16, batch, num_keypoints) -> dict[str, str]:
+def _keypoint_names(model: nn.Module) -> tuple[str, ...]:
+    """The names the model's `.spec` skeleton gives its heatmaps, else COCO's (for the gate's report)."""
+    spec = getattr(unwrap_model(model), "spec", None)
+    return tuple(spec.skeleton["keypoint_names"]) if spec is not None and spec.skeleton else KEYPOINT_NAMES
+
+
+def own_flip_indices(model: nn.Module) -> list[int] | None:
+    """The left/right order of the skeleton the model's `.spec` records (None when it records none)."""
+    spec = getattr(unwrap_model(model), "spec", None)
+    if spec is None or spec.skeleton is None:
+        return None
+    return [int(i) for i in spec.skeleton["flip_indices"]]
+
+
+def _spec_json(model: nn.Module, codec) -> str:
+    """The model's ModelSpec as JSON, with the codec the export is made for."""
+    return spec_of_model(model, codec=type(codec).__name__, sigma=float(codec.sigma),
+                         input_size=tuple(codec.input_size), heatmap_size=tuple(codec.heatmap_size)).to_json()
+
+
+def _metadata(codec, flip_test, flip_indices, fp16, batch, num_keypoints, spec_json: str) -> dict[str, str]:
     """What a consumer needs besides the graph (ONNX metadata_props; OnnxPredictor reads them)."""
     from vitpose import __version__
 
     return {
+        METADATA_KEY: spec_json,
         "vitpose.version": __version__,
         "vitpose.input": "float32 (N, 3, h, w) RGB crops, (pixel - pixel_mean) / pixel_std, UDP-warped",
         "vitpose.pixel_mean": json.dumps(list(PIXEL_MEAN)),
@@ -285,6 +307,7 @@ class GateReport:
     input_shape: list
     runs: list[GateRun]
     shape_problem: str | None = None
+    keypoint_names: Sequence[str] = KEYPOINT_NAMES  # the model's skeleton's (COCO's by default)
 
     @property
     def passed(self) -> bool:
@@ -301,7 +324,7 @@ class GateReport:
             out.append(
                 f"  batch {run.batch}: heatmaps max |diff| {run.heatmap_diff:.3g} (tolerance {run.tolerance:.3g}, "
                 f"peak {run.peak:.3g}) {verdict}, at item {item} ({_label(run, item)}) keypoint {k} "
-                f"({_keypoint_name(k)}) pixel (y {y}, x {x})")
+                f"({self.keypoint_name(k)}) pixel (y {y}, x {x})")
             item, k = run.keypoint_where
             moved = (f"{run.keypoints_moved} of {run.keypoints_total} "
                      f"moved > {KEYPOINT_FLOOR_PX} px")
@@ -311,17 +334,18 @@ class GateReport:
             verdict = "ok" if run.keypoints_unexplained == 0 else "FAILED"
             out.append(
                 f"  batch {run.batch}: keypoints max {run.keypoint_diff:.3g} px (crop pixels) at item {item} "
-                f"keypoint {k} ({_keypoint_name(k)}); {moved}: {verdict}; scores max |diff| {run.score_diff:.3g}")
+                f"keypoint {k} ({self.keypoint_name(k)}); {moved}: {verdict}; scores max |diff| {run.score_diff:.3g}")
         out.append("gate passed" if self.passed else "gate FAILED")
         return out
+
+    def keypoint_name(self, k: int) -> str:
+        return self.keypoint_names[k] if k < len(self.keypoint_names) else f"#{k}"
 
 
 def _label(run: GateRun, item: int) -> str:
     return run.labels[item] if item < len(run.labels) else f"crop {item}"
 
 
-def _keypoint_name(k: int) -> str:
-    return KEYPOINT_NAMES[k] if k < len(KEYPOINT_NAMES) else f"#{k}"
 
 
 def _decode_sensitivity(codec, heatmaps: np.ndarray, amplitude: float) -> np.ndarray:
@@ -436,38 +460,27 @@ def check_export(path, model: nn.Module, crops: torch.Tensor, *, format: str, ba
     else:
         raise ValueError(f"unknown export format {format!r}; choose one of {FORMATS}")
     reference_model = _plain_copy(model, fp16=False)
+    # The reference is the model's own flip test: its skeleton's order when it records one, so a
+    # graph baked with another order (e.g. COCO's on an AP-10K model) fails here.
+    reference_flip = own_flip_indices(model) or flip_indices
     runs = []
     labels = list(labels)
     for size in (GATE_BATCHES if batch == "dynamic" else (batch,)):
         index = [i % len(crops) for i in range(size)]
         images = crops[index]
         with torch.no_grad():
-            reference = forward_heatmaps(reference_model, images, flip_test, None, flip_indices).numpy()
+            reference = forward_heatmaps(reference_model, images, flip_test, None, reference_flip).numpy()
         exported = run(normalize_images(images).numpy())
         tolerance = FP16_RELATIVE_TOLERANCE * float(np.abs(reference).max()) if fp16 else FP32_TOLERANCE
         run_labels = [labels[i] if i < len(labels) else f"crop {i}" for i in index]
         runs.append(_compare(reference, exported, codec, tolerance, run_labels))
     return GateReport(path=str(path), format=format, runtime=runtime, precision="float16" if fp16 else "float32",
                       source=source, input_shape=shape, runs=runs,
-                      shape_problem=_shape_problem(shape, batch, input_size))
+                      shape_problem=_shape_problem(shape, batch, input_size), keypoint_names=_keypoint_names(model))
 
 
 # ----------------------------------------------------------------------------------------------
 # Writing
-
-
-@contextlib.contextmanager
-def _staged(path: Path):
-    """Yield a path in a hidden folder beside `path`; on success move what was written there into
-    place (an ONNX file and its external `.data` together); on any error delete it all."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
-        yield stage / path.name
-        for staged in sorted(stage.iterdir()):
-            os.replace(staged, path.parent / staged.name)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
 
 
 def _example(batch: str | int, input_size) -> tuple[torch.Tensor, dict | None]:
@@ -489,11 +502,30 @@ def _write_onnx(graph: ExportGraph, path: Path, batch, input_size, metadata: dic
     program.save(str(path), external_data=weight_bytes > SINGLE_FILE_LIMIT)
 
 
-def _write_pt2(graph: ExportGraph, path: Path, batch, input_size) -> None:
+PT2_SPEC_FILE = METADATA_KEY + ".json"  # the extra file of a .pt2 that holds the ModelSpec
+
+
+def _write_pt2(graph: ExportGraph, path: Path, batch, input_size, spec_json: str) -> None:
     example, dynamic = _example(batch, input_size)
     with torch.no_grad():
         program = torch.export.export(graph, (example,), dynamic_shapes=dynamic, strict=False)
-    torch.export.save(program, str(path))
+    torch.export.save(program, str(path), extra_files={PT2_SPEC_FILE: spec_json})
+
+
+def read_export_spec(path) -> dict:
+    """The ModelSpec (as a dict) recorded in an exported .onnx (metadata) or .pt2 (extra file)."""
+    path = Path(path)
+    if path.suffix.lower() == ".pt2":
+        extra = {PT2_SPEC_FILE: ""}
+        torch.export.load(str(path), extra_files=extra)
+        text = extra[PT2_SPEC_FILE]
+    else:
+        require(("onnx",), "reading an ONNX file")
+        import onnx
+
+        model = onnx.load(str(path), load_external_data=False)
+        text = next((p.value for p in model.metadata_props if p.key == METADATA_KEY), "")
+    return json.loads(text) if text else {}
 
 
 def _export(format: str, model: nn.Module, path, *, batch="dynamic", flip_test=False, fp16=False, codec=None,
@@ -506,6 +538,8 @@ def _export(format: str, model: nn.Module, path, *, batch="dynamic", flip_test=F
     batch = _check_batch(batch)
     path = Path(path)
     num_keypoints = int(unwrap_model(model).head.final_layer.out_channels)
+    if flip_indices is None:
+        flip_indices = own_flip_indices(model)
     if flip_indices is None and num_keypoints != len(FLIP_INDICES) and flip_test:
         raise ValueError(f"flip test of a {num_keypoints}-keypoint model needs flip_indices (COCO's are for 17)")
     input_size = _input_size(model, codec)
@@ -516,12 +550,13 @@ def _export(format: str, model: nn.Module, path, *, batch="dynamic", flip_test=F
     if tuple(crops.shape[2:]) != (input_size[1], input_size[0]):
         raise ValueError(f"gate crops are {tuple(crops.shape[2:])} (h, w), the model takes {input_size[::-1]}")
     graph = ExportGraph(_plain_copy(model, fp16), flip_test, flip_indices, fp16).eval()
-    with _staged(path) as staged:
+    spec_json = _spec_json(model, codec)
+    with staged_files(path) as staged:
         if format == "onnx":
-            metadata = _metadata(codec, flip_test, flip_indices, fp16, batch, num_keypoints)
+            metadata = _metadata(codec, flip_test, flip_indices, fp16, batch, num_keypoints, spec_json)
             _write_onnx(graph, staged, batch, input_size, metadata, opset)
         else:
-            _write_pt2(graph, staged, batch, input_size)
+            _write_pt2(graph, staged, batch, input_size, spec_json)
         report = check_export(staged, model, crops, format=format, batch=batch, flip_test=flip_test,
                               flip_indices=flip_indices, fp16=fp16, codec=codec, labels=labels,
                               source=source or "the given crops")
@@ -606,9 +641,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "(onnxruntime CPU / torch.export.load) on real crops at batch 1 and a larger batch "
                     "and found equal to PyTorch (heatmaps within 1e-4; fp16: 1e-2 of the peak). "
                     "Exit status 1 and no file otherwise.")
-    parser.add_argument("--model", required=True, help="checkpoint path (any layout load_weights reads)")
+    parser.add_argument("--model", required=True, help="a weights or checkpoint file (any layout load_weights "
+                                                       "reads), a model name or an HF repo id (vitpose.load_model)")
     parser.add_argument("--config", help="training config (YAML) of the checkpoint; default: size, decoder "
                                          "and input size told from the file's tensor shapes")
+    parser.add_argument("--expert", help="the ViTPose+ expert of a mixture-of-experts file (coco, aic, mpii, "
+                                         "ap10k, apt36k, coco_wholebody / wholebody)")
     parser.add_argument("--format", choices=FORMATS, help="default: from --out's suffix (.onnx / .pt2)")
     parser.add_argument("--out", required=True, help="the file to write")
     parser.add_argument("--batch", type=_batch_arg, default="dynamic", help="'dynamic' (default) or a fixed size")
@@ -634,52 +672,36 @@ def _resolve_format(fmt: str | None, out: Path) -> str:
     return fmt
 
 
-def load_model(checkpoint, config=None):
-    """(model with weights, codec) of a checkpoint: built from `config` when given, else from the
-    file's tensor shapes (`infer_model_spec`). A file of another size than the config raises
-    CheckpointError naming both sizes."""
-    from vitpose.models.checkpoint import infer_model_spec, load_weights
-
-    checkpoint = Path(checkpoint)
-    if not checkpoint.is_file():
-        raise FileNotFoundError(f"checkpoint not found: {checkpoint}")
-    if config is not None:
-        from vitpose.builders import build_codec, build_model_from_config
-        from vitpose.config import load_config
-
-        cfg = load_config(config)
-        model = build_model_from_config(cfg.model)
-        load_weights(model, checkpoint)
-        return model.eval(), build_codec(cfg.model)
-    spec = infer_model_spec(checkpoint)
-    model = spec.build()
-    load_weights(model, checkpoint)
-    return model.eval(), UDPHeatmap(spec.input_size, spec.heatmap_size)
-
-
 def run(args: argparse.Namespace) -> int:
     """`vitpose export`: 0 written, 1 the gate failed (no file), 2 bad input."""
+    from vitpose.builders import load_model
     from vitpose.config import ConfigError
     from vitpose.data.errors import DataError
+    from vitpose.errors import UserError
+    from vitpose.files import check_output
     from vitpose.models.checkpoint import CheckpointError
 
     try:
         out = Path(args.out)
         fmt = _resolve_format(args.format, out)
+        inputs = (args.model, args.config, args.gate_data)
+        for target in (out, out.with_name(out.name + ".data")):  # before the work; never over an input
+            check_output(target, "--out", inputs=inputs)
         if fmt == "onnx":
             require()
-        model, codec = load_model(args.model, args.config)
-        crops, labels, source = gate_crops(args.gate_data, codec.input_size)
-        kwargs = dict(batch=args.batch, flip_test=args.flip_test, fp16=args.fp16, codec=codec,
-                      crops=crops, labels=labels, source=source)
+        loaded = load_model(args.model, expert=getattr(args, "expert", None), config=args.config, device="cpu")
+        crops, labels, source = gate_crops(args.gate_data, loaded.codec.input_size)
+        kwargs = dict(batch=args.batch, flip_test=args.flip_test, fp16=args.fp16, codec=loaded.codec,
+                      flip_indices=loaded.skeleton.flip_indices, crops=crops, labels=labels, source=source)
         if fmt == "onnx":
             kwargs["opset"] = args.opset
-        export(model, out, fmt, **kwargs)
+        export(loaded.model, out, fmt, **kwargs)
     except GateError:
         print(f"vitpose export: the exported file differs from PyTorch (figures above); nothing was written "
               f"to {args.out}", file=sys.stderr)
         return EXIT_GATE
-    except (MissingDependencyError, CheckpointError, ConfigError, DataError, FileNotFoundError, ValueError) as e:
+    except (UserError, MissingDependencyError, CheckpointError, ConfigError, DataError, FileNotFoundError,
+            ValueError) as e:
         print(f"vitpose export: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     size = sum(p.stat().st_size for p in (out, out.with_name(out.name + ".data")) if p.is_file())

@@ -22,8 +22,8 @@ import numpy as np
 from vitpose.coco_meta import FLIP_INDICES, PIXEL_MEAN, PIXEL_STD
 from vitpose.codecs.flip import flip_heatmaps
 from vitpose.codecs.udp import UDPHeatmap
-from vitpose.data.geometry import crop_to_image, person_boxes_to_center_scale
-from vitpose.data.transforms import topdown_crops
+from vitpose.inference.pipeline import TopDown
+from vitpose.inference.results import StageTimer
 
 __all__ = ["OnnxPredictor"]
 
@@ -38,7 +38,7 @@ def _import_onnxruntime():
     return onnxruntime
 
 
-class OnnxPredictor:
+class OnnxPredictor(TopDown):
     """ViTPose on person boxes of one image, through an ONNX file written by `vitpose export`.
 
     Args:
@@ -53,13 +53,15 @@ class OnnxPredictor:
         threads: onnxruntime intra-op threads (None: onnxruntime's default).
         flip_indices: left/right keypoint order (default: the file's metadata, else COCO-17).
 
+    Every step but the network is `vitpose.inference.pipeline.TopDown`'s, as for `Predictor`:
     `predict(image, boxes=None, box_format="xyxy", channels="rgb")` -> keypoints (M, K, 2)
-    float64 image pixels, scores (M, K) float32; arguments as `vitpose.Predictor.predict`.
+    float64 image pixels, scores (M, K) float32; `predictor(images, boxes=None)` -> `Poses`
+    (with `detector=`, a callable such as `FullFrame()`, when boxes are not given).
     """
 
     def __init__(self, path, flip_test: bool = True, codec=None, batch_size: int = 32,
                  providers: Sequence[str] | None = None, threads: int | None = None,
-                 flip_indices: Sequence[int] | None = None):
+                 flip_indices: Sequence[int] | None = None, detector=None):
         ort = _import_onnxruntime()
         path = Path(path)
         if not path.is_file():
@@ -87,6 +89,8 @@ class OnnxPredictor:
         self.batch_size = int(batch_size)
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.detector = detector
+        self.timer = StageTimer()
 
     def _read_shapes(self) -> None:
         """Input name, crop size (w, h), fixed batch (None: dynamic) and keypoint count of the graph."""
@@ -128,16 +132,7 @@ class OnnxPredictor:
         return UDPHeatmap(self.input_size, heatmap_size, float(self.metadata.get("vitpose.codec_sigma", 2.0)),
                           int(self.metadata.get("vitpose.codec_blur_kernel_size", 11)))
 
-    # ------------------------------------------------------------------ the steps of Predictor
-
-    def boxes_to_center_scale(self, boxes, box_format: str = "xyxy", image_shape=None):
-        """(M, 4|5) boxes -> centre (M, 2), scale (M, 2) float32: `Predictor`'s rules, shared
-        (`vitpose.data.geometry.person_boxes_to_center_scale`)."""
-        return person_boxes_to_center_scale(boxes, box_format, image_shape)
-
-    def crops(self, image: np.ndarray, center: np.ndarray, scale: np.ndarray):
-        """UDP crops of the boxes: uint8 (M, 3, h, w) in the image's channel order, aspect-fixed scales (M, 2)."""
-        return topdown_crops(image, center, scale, self.input_size)
+    # ------------------------------------------------------------------ the network step
 
     def _run(self, x: np.ndarray) -> np.ndarray:
         """The graph on normalised crops (N, 3, h, w), in chunks of its batch (padded when fixed)."""
@@ -165,26 +160,4 @@ class OnnxPredictor:
         both = self._run(np.concatenate([x, x[..., ::-1]]))  # crops and mirrors as one batch, as Predictor
         return (both[:n] + flip_heatmaps(both[n:], self.flip_indices)) * np.float32(0.5)
 
-    def predict(self, image: np.ndarray, boxes=None, box_format: str = "xyxy", channels: str = "rgb"):
-        image = np.asarray(image)
-        if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
-            raise ValueError(f"image must be (H, W, 3) uint8, got {image.shape} {image.dtype}")
-        if channels not in ("rgb", "bgr"):
-            raise ValueError(f"channels must be 'rgb' or 'bgr', got {channels!r}")
-        center, scale = self.boxes_to_center_scale(boxes, box_format, image.shape)
-        crops, fixed_scale = self.crops(image, center, scale)
-        if channels == "bgr":  # the warp is per channel, so swapping after it is the same
-            crops = crops[:, ::-1]
-        if len(crops) == 0:
-            k = self.num_keypoints
-            return np.zeros((0, k, 2)), np.zeros((0, k), np.float32)
-        keypoints, scores = [], []
-        for start in range(0, len(crops), self.batch_size):
-            heatmaps = self.heatmaps(crops[start:start + self.batch_size])
-            kpts, kpt_scores = self.codec.batch_decode(heatmaps)
-            keypoints.append(crop_to_image(kpts, center[start:start + self.batch_size],
-                                           fixed_scale[start:start + self.batch_size], self.codec.input_size))
-            scores.append(kpt_scores)
-        return np.concatenate(keypoints), np.concatenate(scores)
-
-    __call__ = predict
+    run_network = heatmaps  # what `TopDown` calls between the crops and the decode

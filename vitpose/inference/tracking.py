@@ -21,7 +21,8 @@ import numpy as np
 
 from vitpose.coco_meta import SIGMAS
 
-__all__ = ["KeypointSmoother", "OneEuroFilter", "Tracker", "box_iou", "keypoint_oks"]
+__all__ = ["DetectionSchedule", "KeypointSmoother", "OneEuroFilter", "Tracker", "box_iou", "boxes_from_keypoints",
+           "keypoint_oks"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -105,7 +106,8 @@ class Tracker:
         sigmas: per-keypoint OKS sigmas (default COCO-17's).
 
     `update(boxes, keypoints=None, keypoint_scores=None, frame=None) -> ids (D,) int64`: call once
-    per frame in order. `frame` is the frame index (default: the previous one + 1); frames that
+    per frame in order; a frame with nobody (D = 0, e.g. boxes (0, 4), keypoints (0, K, 2) or [])
+    returns no ids and ages the tracks. `frame` is the frame index (default: the previous one + 1); frames that
     were skipped (corrupt or not decoded) count towards a track's age. Ids start at 0 and are
     never reused. Association: every (track, detection) pair is scored against the track moved by
     its velocity to this frame; pairs are taken from the best down (ties: lower track index, then
@@ -138,7 +140,10 @@ class Tracker:
         if self.metric == "oks" and keypoints is None:
             raise ValueError("Tracker(metric='oks') needs the keypoints of every detection")
         if keypoints is not None:
-            keypoints = np.asarray(keypoints, np.float64).reshape(len(boxes), -1, 2)
+            keypoints = np.asarray(keypoints, np.float64)
+            # a frame with nobody: (0, K, 2) or an empty list; reshape(0, -1, 2) cannot infer K
+            num_keypoints = keypoints.size // (2 * len(boxes)) if len(boxes) else 0
+            keypoints = keypoints.reshape(len(boxes), num_keypoints, 2)
             if keypoint_scores is None:
                 keypoint_scores = np.ones(keypoints.shape[:2])
             keypoint_scores = np.asarray(keypoint_scores, np.float64).reshape(keypoints.shape[:2])
@@ -264,8 +269,8 @@ class KeypointSmoother:
         max_age: a track unseen for more than this many frames is forgotten (its filter restarts
             if the id comes back).
 
-    `smooth(track_ids (M,), keypoints (M, K, 2), frame) -> smoothed keypoints (M, K, 2)`.
-    Scores are not filtered.
+    `smooth(track_ids (M,), keypoints (M, K, 2), frame) -> smoothed keypoints (M, K, 2)`; M may be 0
+    (a frame with nobody). Scores are not filtered.
     """
 
     def __init__(self, fps: float, min_cutoff: float = 1.0, beta: float = 0.05, d_cutoff: float = 1.0,
@@ -279,7 +284,10 @@ class KeypointSmoother:
         self.filters: dict[int, tuple[OneEuroFilter, int]] = {}
 
     def smooth(self, track_ids, keypoints, frame: int) -> np.ndarray:
+        track_ids = np.asarray(track_ids, np.int64).reshape(-1)
         keypoints = np.asarray(keypoints, np.float64)
+        if not len(track_ids):  # a frame with nobody: nothing to filter, but old tracks still age out
+            keypoints = keypoints.reshape(0, *(keypoints.shape[1:] if keypoints.ndim == 3 else (0, 2)))
         out = np.empty_like(keypoints)
         for i, track_id in enumerate(np.asarray(track_ids).tolist()):
             one_euro, last = self.filters.get(track_id, (None, None))
@@ -289,3 +297,60 @@ class KeypointSmoother:
             self.filters[track_id] = (one_euro, frame)
         self.filters = {k: v for k, v in self.filters.items() if frame - v[1] <= self.max_age}
         return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Detection every N frames (`--det-every N`)
+
+
+def boxes_from_keypoints(keypoints: np.ndarray, keypoint_scores: np.ndarray, image_size,
+                         min_score: float = 0.3, expansion: float = 1.25) -> np.ndarray:
+    """Person boxes for the next frame from this frame's poses: the extent of each person's
+    keypoints scored above `min_score` (all of them when fewer than two are), grown `expansion`
+    times about its centre (a detector's box reaches past the joints: head top, feet, hands) and
+    clipped to the image (w, h). (M, K, 2), (M, K) -> (M, 4) float32 xyxy."""
+    boxes = np.zeros((len(keypoints), 4), np.float32)
+    w, h = image_size
+    for m, (points, scores) in enumerate(zip(np.asarray(keypoints, np.float64), np.asarray(keypoint_scores))):
+        confident = points[np.asarray(scores) > min_score]
+        points = confident if len(confident) >= 2 else points
+        low, high = points.min(axis=0), points.max(axis=0)
+        centre, half = (low + high) / 2, (high - low) * expansion / 2
+        boxes[m] = np.clip(np.concatenate([centre - half, centre + half]), 0, [w, h, w, h])
+    return boxes
+
+
+class DetectionSchedule:
+    """When to run the detector on a video (rtmlib's `det_frequency`, easy_ViTPose's `--yolo-step`):
+    on every `every`-th frame, and between those on the boxes of the previous frame's poses
+    (`boxes_from_keypoints`). A person is lost when their mean keypoint score falls below
+    `min_mean_score` or their carried box has collapsed; then that frame is detected again.
+
+    `boxes_for(index)` -> the carried boxes (M, 5: xyxy + the detector's score of the person) or
+    None (run the detector); `update(poses, image_size)` after each frame; `lost(scores)` says
+    whether a frame's poses on carried boxes need the detector after all."""
+
+    def __init__(self, every: int, min_mean_score: float = 0.3, min_box_side: float = 4.0):
+        if int(every) < 1:
+            raise ValueError(f"--det-every must be >= 1, got {every}")
+        self.every, self.min_mean_score, self.min_box_side = int(every), min_mean_score, min_box_side
+        self.carried: np.ndarray | None = None
+        self.detector_frames = 0
+
+    def boxes_for(self, index: int) -> np.ndarray | None:
+        if self.every == 1 or index % self.every == 0 or self.carried is None or not len(self.carried):
+            return None
+        return self.carried
+
+    def lost(self, keypoint_scores: np.ndarray) -> bool:
+        scores = np.asarray(keypoint_scores, np.float64).reshape(len(keypoint_scores), -1)
+        return bool(len(scores) == 0 or (scores.mean(axis=1) < self.min_mean_score).any())
+
+    def update(self, poses, image_size) -> None:
+        """poses: a `Poses` (boxes, box_scores, keypoints, keypoint_scores) of the frame just done."""
+        boxes = boxes_from_keypoints(poses.keypoints, poses.keypoint_scores, image_size) if len(poses) else \
+            np.zeros((0, 4), np.float32)
+        sides = np.minimum(boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1])
+        keep = sides >= self.min_box_side
+        scores = np.asarray(poses.box_scores, np.float32).reshape(-1)[keep]
+        self.carried = np.concatenate([boxes[keep], scores[:, None]], axis=1)

@@ -13,7 +13,9 @@ _LOCATIONS = {
     "load_weights": "vitpose.models.checkpoint",
     "save_weights": "vitpose.models.checkpoint",
     "convert_state_dict": "vitpose.models.checkpoint",
+    "ModelSpec": "vitpose.models.spec",
 }
+SUBMODULES = ("checkpoint", "heads", "hub", "spec", "vit", "vitpose")
 __all__ = [*_LOCATIONS]
 
 
@@ -22,4 +24,6 @@ def __getattr__(name):
     # loads only what it needs.
     if name in _LOCATIONS:
         return getattr(importlib.import_module(_LOCATIONS[name]), name)
+    if name in SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -33,6 +33,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from vitpose.errors import UserError
+from vitpose.models.spec import EXPERTS, METADATA_KEY, ModelSpec, SpecError, expert_name
 from vitpose.models.vit import resize_pos_embed
 
 log = logging.getLogger(__name__)
@@ -98,9 +100,7 @@ HF_HEAD = [
     (r"^batchnorm2\.", "deconv_layers.4."),
     (r"^conv\.", "final_layer."),
 ]
-# ViTPose+ experts in HF's `dataset_index` order (the official `dataset_idx` order too).
-VITPOSE_PLUS_EXPERTS = ("coco", "aic", "mpii", "ap10k", "apt36k", "coco_wholebody")
-EXPERT_ALIASES = {"wholebody": "coco_wholebody"}  # the name the official model_split.py uses
+VITPOSE_PLUS_EXPERTS = EXPERTS  # the one list (vitpose.models.spec), under its old name
 MOE_EXPERT_KEY = re.compile(r"\.mlp\.experts\.(\d+)\.(weight|bias)$")
 MOE_SHARED_KEY = re.compile(r"\.mlp\.fc2\.(weight|bias)$")
 OFFICIAL_HEAD, OFFICIAL_EXTRA_HEADS = "keypoint_head.", "associate_keypoint_heads."
@@ -109,8 +109,37 @@ OFFICIAL_HEAD, OFFICIAL_EXTRA_HEADS = "keypoint_head.", "associate_keypoint_head
 SKIPPED_BACKBONE = re.compile(r"^(cls_token|mask_token|dist_token|fc_norm\.|decoder.*|head\.)")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A weights source that cannot be read or does not fit the model."""
+
+
+def refused_pickle(path, error: BaseException) -> CheckpointError:
+    """The one explanation of a pickle that `torch.load(weights_only=True)` refused because it holds
+    Python objects (predict, export, evaluate, load_weights and resume all say this)."""
+    # torch's message is long; keep its one specific line ("Unsupported global: ...").
+    text = str(error)
+    detail = next((ln.strip() for ln in text.splitlines() if "Unsupported" in ln or "error:" in ln),
+                  text.splitlines()[0] if text else type(error).__name__)
+    return CheckpointError(
+        f"{path}: not a plain weights file: it pickles Python objects other than tensors and "
+        f"plain containers, so it was refused unread (torch.load weights_only=True) and none of "
+        f"its code ran. If you trust the file, re-save just its tensors elsewhere, e.g. "
+        f"torch.save(torch.load(path, weights_only=False)['state_dict'], new_path). ({detail})")
+
+
+def torch_load(path, mmap: bool = False, map_location="cpu"):
+    """`torch.load(path, weights_only=True)`; CheckpointError (one line) for any file it refuses."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint not found: {path}") from None
+    except pickle.UnpicklingError as e:
+        if "Unsupported global" in str(e):  # garbage bytes fail in the unpickler too
+            raise refused_pickle(path, e) from None
+        raise CheckpointError(f"{path}: not a readable checkpoint ({describe_file(path)})") from None
+    except Exception as e:  # truncated zip, random bytes (torch's unpickler fails in many ways)
+        raise CheckpointError(f"{path}: not a readable checkpoint ({describe_file(path)}; "
+                              f"{type(e).__name__})") from None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -147,34 +176,60 @@ def describe_file(path) -> str:
     return f"{mib} of unrecognised bytes (not a torch, pickle or safetensors file)"
 
 
+class WeightsNotFoundError(UserError, FileNotFoundError):
+    """A weights file path that does not exist."""
+
+
 def _read_file(path):
+    return _read_file_with_metadata(path)[0]
+
+
+def _read_file_with_metadata(path):
+    """(the file's object, its safetensors metadata or {})."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"weights file not found: {path}")
+        raise WeightsNotFoundError(f"weights file not found: {path}")
     if path.suffix == ".safetensors":
+        from safetensors import safe_open
         from safetensors.torch import load_file
 
         try:
-            return load_file(str(path), device="cpu")
+            with safe_open(str(path), framework="pt") as f:
+                metadata = f.metadata() or {}
+            return load_file(str(path), device="cpu"), metadata
         except Exception as e:  # safetensors' own error type for a bad header or a short file
             raise CheckpointError(f"{path}: cannot be read as safetensors ({describe_file(path)}; {e})") from None
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        if "Unsupported global" not in str(e):  # garbage bytes fail in the unpickler too
-            raise CheckpointError(f"{path}: not a readable checkpoint ({describe_file(path)})") from None
-        # torch's message is long; keep its one specific line ("Unsupported global: ...").
-        detail = next((ln.strip() for ln in str(e).splitlines() if "Unsupported" in ln or "error:" in ln),
-                      str(e).splitlines()[0] if str(e) else type(e).__name__)
-        raise CheckpointError(
-            f"{path}: not a plain weights file: it pickles Python objects other than tensors and "
-            f"plain containers, so it was refused unread (torch.load weights_only=True) and none of "
-            f"its code ran. If you trust the file, re-save just its tensors elsewhere, e.g. "
-            f"torch.save(torch.load(path, weights_only=False)['state_dict'], new_path). ({detail})"
-        ) from None
-    except Exception as e:  # truncated zip, random bytes (torch's unpickler fails in many ways)
-        raise CheckpointError(f"{path}: not a readable checkpoint ({describe_file(path)}; "
-                              f"{type(e).__name__})") from None
+    return torch_load(path), {}
+
+
+WeightsFile = namedtuple("WeightsFile", "state_dict origin spec config")
+WeightsFile.__doc__ = """A weights file read once: its plain state dict (wrappers removed), its name, the
+ModelSpec it records (None for files made elsewhere) and the training config it records (a dict, or None)."""
+
+
+def read_weights(source) -> WeightsFile:
+    """Read a weights or checkpoint file (or a mapping) once, with what it records about itself:
+    the `vitpose.model_spec` of safetensors metadata or of a checkpoint's top level, and a training
+    checkpoint's `config`."""
+    if isinstance(source, Mapping):
+        obj, metadata, origin = source, {}, "weights mapping"
+    elif isinstance(source, (str, Path)):
+        (obj, metadata), origin = _read_file_with_metadata(source), str(source)
+    else:
+        raise TypeError(f"source must be a path or a mapping of name -> tensor, got {type(source).__name__}")
+    recorded = metadata.get(METADATA_KEY)
+    config = None
+    if isinstance(obj, Mapping):
+        recorded = obj.get(METADATA_KEY, recorded)
+        config = obj.get("config") if isinstance(obj.get("config"), Mapping) else None
+    spec = None
+    if isinstance(recorded, str):
+        spec = ModelSpec.from_json(recorded, origin=f"recorded in {origin}")
+    elif isinstance(recorded, Mapping):
+        spec = ModelSpec.from_dict(dict(recorded), origin=f"recorded in {origin}")
+    if isinstance(obj, Mapping) and METADATA_KEY in obj:
+        obj = {k: v for k, v in obj.items() if k != METADATA_KEY}
+    return WeightsFile(_unwrap(obj, origin), origin, spec, config)
 
 
 def _unwrap(obj, origin):
@@ -228,17 +283,11 @@ def _expert_choices(num_experts: int) -> str:
 
 
 def _expert_index(expert, num_experts: int, origin: str) -> int:
-    """The expert's index from a dataset name or an index (0..num_experts-1)."""
-    if isinstance(expert, str):
-        name = EXPERT_ALIASES.get(expert.lower(), expert.lower())
-        if name in VITPOSE_PLUS_EXPERTS[:num_experts]:
-            return VITPOSE_PLUS_EXPERTS.index(name)
-        raise CheckpointError(f"{origin}: unknown ViTPose+ expert {expert!r}; the file's experts are "
-                              f"{_expert_choices(num_experts)}")
-    if isinstance(expert, (int, np.integer)) and not isinstance(expert, bool) and 0 <= expert < num_experts:
-        return int(expert)
-    raise CheckpointError(f"{origin}: expert={expert!r} is not one of the file's {num_experts} experts: "
-                          f"{_expert_choices(num_experts)}")
+    """The expert's index from a dataset name (any case, aliases) or an index (0..num_experts-1)."""
+    try:
+        return EXPERTS.index(expert_name(expert, num_experts, origin))
+    except SpecError as e:
+        raise CheckpointError(str(e)) from None
 
 
 def select_expert(state_dict, expert, origin="weights mapping"):
@@ -504,7 +553,7 @@ def _fit(converted, model, layout, backbone_only):
     return missing, unexpected, mismatched
 
 
-def load_weights(model, source, strict=True, expert=None):
+def load_weights(model, source, strict=True, expert=None, *, origin=None):
     """Load weights of any supported layout into `model` (a ViTPose or a bare VisionTransformer).
 
     Args:
@@ -516,10 +565,12 @@ def load_weights(model, source, strict=True, expert=None):
             in an official file, head) to load, by name ("coco", "aic", "mpii", "ap10k", "apt36k",
             "coco_wholebody") or index 0..5 (HF's dataset_index). HF vitpose-plus files have COCO's
             head only, whatever the expert. Given for any other file, it is an error.
+        origin: the name messages give a mapping source (default "weights mapping").
 
     Returns a LoadReport(layout, missing, unexpected, mismatched, skipped, notes).
     """
-    state_dict, origin = _read_source(source)
+    state_dict, read_origin = _read_source(source)
+    origin = origin or read_origin
     state_dict, choice = select_expert(state_dict, expert, origin)
     converted, layout, skipped, notes, backbone_only = _convert(state_dict, model)
     missing, unexpected, mismatched = _fit(converted, model, layout, backbone_only)
@@ -550,20 +601,28 @@ def load_weights(model, source, strict=True, expert=None):
     return report
 
 
-def save_weights(model, path):
-    """Write the model's state dict (parameters and BN buffers) as .safetensors, own layout."""
+def save_weights(model, path, spec: ModelSpec | None = None):
+    """Write the model's state dict (parameters and BN buffers) as .safetensors, own layout, with
+    its ModelSpec as JSON in the metadata (`vitpose.model_spec`): `spec`, else the model's own
+    `.spec` (models from `vitpose.load_model` or a config carry one), else what its modules say
+    (architecture and K; no skeleton)."""
+    from vitpose.models.spec import spec_of_model
+
     path = Path(path)
     if path.suffix != ".safetensors":
         raise ValueError(f"save_weights writes .safetensors files, got {path}")
     from safetensors.torch import save_file
 
+    model = unwrap_model(model)
+    spec = spec if spec is not None else spec_of_model(model)
     state = {n: t.detach().to("cpu").contiguous() for n, t in model.state_dict().items()}
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(state, str(path), metadata={"format": "pt", "layout": "vitpose"})
+    save_file(state, str(path), metadata={"format": "pt", "layout": "vitpose", METADATA_KEY: spec.to_json()})
     return path
 
 
-__all__ = ["VITPOSE_PLUS_EXPERTS", "CheckpointError", "LoadReport", "convert_state_dict", "detect_layout",
+__all__ = ["VITPOSE_PLUS_EXPERTS", "CheckpointError", "WeightsFile", "WeightsNotFoundError", "read_weights",
+           "refused_pickle", "torch_load", "LoadReport", "convert_state_dict", "detect_layout",
            "is_vitpose_plus", "load_weights", "save_weights", "select_expert"]
 
 
@@ -572,37 +631,6 @@ __all__ = ["VITPOSE_PLUS_EXPERTS", "CheckpointError", "LoadReport", "convert_sta
 
 PATCH_SIZE = 16  # every published ViTPose; the grid below assumes it with 2 px padding
 DEFAULT_GRID = (16, 12)  # (rows, columns) of a 256x192 input
-
-
-class ModelSpec(namedtuple("ModelSpec", "name decoder num_keypoints build_kwargs layout")):
-    """What `infer_model_spec` read from a weights file: enough to build the model that fits it.
-
-    name: "vitpose-s" | "vitpose-b" | "vitpose-l" | "vitpose-h"; decoder: "classic" | "simple";
-    num_keypoints: K; build_kwargs: the `build_model` arguments where the file differs from the
-    size's table (depth, img_size, mlp_ratio, deconv_channels); layout: the file's layout.
-    """
-
-    __slots__ = ()
-
-    @property
-    def input_size(self) -> tuple[int, int]:
-        """(w, h) crop size the position embedding was trained for."""
-        h, w = self.build_kwargs.get("img_size", (DEFAULT_GRID[0] * PATCH_SIZE, DEFAULT_GRID[1] * PATCH_SIZE))
-        return w, h
-
-    @property
-    def heatmap_size(self) -> tuple[int, int]:
-        """(w, h) of the head's output: the patch grid times the head's upsampling (4 for both
-        published decoders: two stride-2 deconvs, or the simple head's bilinear x4)."""
-        w, h = self.input_size
-        factor = 2 ** len(self.build_kwargs.get("deconv_channels", (256, 256))) if self.decoder == "classic" else 4
-        return w // PATCH_SIZE * factor, h // PATCH_SIZE * factor
-
-    def build(self):
-        """The `ViTPose` this file fits (random weights until `load_weights`)."""
-        from vitpose.models.vitpose import build_model
-
-        return build_model(self.name, self.decoder, self.num_keypoints, **self.build_kwargs)
 
 
 def _own_layout_shapes(state_dict, layout, prefixed):
@@ -640,16 +668,18 @@ def _img_size_of(num_tokens, origin):
     return grid[0] * PATCH_SIZE, grid[1] * PATCH_SIZE
 
 
-def infer_model_spec(source) -> ModelSpec:
-    """Size, decoder, keypoint count and input size of a ViTPose weights file, from its tensor shapes.
+def infer_model_spec(source, origin: str | None = None) -> ModelSpec:
+    """The ModelSpec of a ViTPose weights file told from its tensor shapes (the one shape reader).
 
-    `source`: a path or a mapping, of any layout `load_weights` reads. The embed dim names the
-    size (S/B/L/H); the block count, MLP width, deconv widths and position-embedding grid go to
-    `build_kwargs` where they differ from that size's table; `head.deconv_layers.*` means the
-    classic decoder. Heads count is not in any shape: it is the size's (S and B 12, L and H 16).
+    `source`: a path or a mapping, of any layout `load_weights` reads (a ViTPose+ file after
+    `select_expert`). The embed dim names the size (S/B/L/H) and with it the head count (no shape
+    holds it: S and B 12, L and H 16); block count, MLP width, deconv widths, the position-embedding
+    grid (input size) and K are read; `head.deconv_layers.*` means the classic decoder. Codec,
+    normalisation and sigma are ViTPose's (UDP, sigma 2); the skeleton is not in the shapes (None).
     Raises CheckpointError for a backbone-only file (no head) or shapes no ViTPose has.
     """
-    state_dict, origin = _read_source(source)
+    state_dict, read_origin = _read_source(source)
+    origin = origin or read_origin
     layout, prefixed = detect_layout(state_dict)
     if not prefixed or layout == "mae":
         raise CheckpointError(f"{origin}: a backbone-only file ({layout} layout, no keypoint head): "
@@ -662,24 +692,21 @@ def infer_model_spec(source) -> ModelSpec:
         raise CheckpointError(f"{origin} ({layout} layout): no {missing} (after renaming to this "
                               f"project's names); this is not a ViTPose checkpoint")
     name, size = _size_of(patch[0], origin)
-    kwargs = {}
     depth = len({m.group(1) for n in shapes for m in [re.match(r"backbone\.blocks\.(\d+)\.", n)] if m})
-    if depth != size["depth"]:
-        kwargs["depth"] = depth
     fc1 = shapes.get("backbone.blocks.0.mlp.fc1.weight")
-    if fc1 is not None and fc1[0] != 4 * patch[0]:
-        kwargs["mlp_ratio"] = fc1[0] / patch[0]
+    h, w = DEFAULT_GRID[0] * PATCH_SIZE, DEFAULT_GRID[1] * PATCH_SIZE
     if "backbone.pos_embed" in shapes:
-        img_size = _img_size_of(shapes["backbone.pos_embed"][1], origin)
-        if img_size != (DEFAULT_GRID[0] * PATCH_SIZE, DEFAULT_GRID[1] * PATCH_SIZE):
-            kwargs["img_size"] = img_size
+        h, w = _img_size_of(shapes["backbone.pos_embed"][1], origin)
     deconvs = sorted((int(m.group(1)), s) for n, s in shapes.items()
                      for m in [re.match(r"head\.deconv_layers\.(\d+)\.weight$", n)] if m and len(s) == 4)
     decoder = "classic" if deconvs else "simple"
-    channels = tuple(s[1] for _, s in deconvs)  # ConvTranspose2d weight: (in, out, kh, kw)
-    if decoder == "classic" and channels != (256, 256):
-        kwargs["deconv_channels"] = channels
-    return ModelSpec(name, decoder, int(final[0]), kwargs, layout)
+    channels = tuple(s[1] for _, s in deconvs) or (256, 256)  # ConvTranspose2d weight: (in, out, kh, kw)
+    # Heatmaps: the patch grid times the head's upsampling (2 per deconv; the simple head's x4).
+    factor = 2 ** len(channels) if decoder == "classic" else 4
+    return ModelSpec(size=name, decoder=decoder, num_keypoints=int(final[0]), embed_dim=int(patch[0]), depth=depth,
+                     num_heads=size["num_heads"], mlp_ratio=fc1[0] / patch[0] if fc1 is not None else 4.0,
+                     patch_size=PATCH_SIZE, deconv_channels=channels, input_size=(w, h),
+                     heatmap_size=(w // PATCH_SIZE * factor, h // PATCH_SIZE * factor), origin=f"shapes ({layout} layout)")
 
 
-__all__ += ["ModelSpec", "infer_model_spec"]
+__all__ += ["infer_model_spec"]

@@ -1,47 +1,58 @@
-"""Published ViTPose weights by name: `list_models()`, `download(name)`, `model_spec(name_or_path)`.
+"""Published ViTPose weights by name, and any Hugging Face repo by id: `list_models()`, `download(name)`,
+`download_hf(repo_id, revision)`.
 
 Two kinds of host, each through its own library's cache so that the usual settings work:
-- MMPose 1.x checkpoints on MMPose's download server go through `torch.hub`
+- MMPose 1.x checkpoints on MMPose's download server go to the torch.hub cache
   (`$TORCH_HOME/hub/checkpoints/<file>`, default `~/.cache/torch/hub/checkpoints`). The file name
   carries the first 8 hex digits of the file's SHA-256 (OpenMMLab's `publish_model` convention);
   the download is checked against them and a file that fails is never left in the cache.
-  torch.hub would not find these digits itself (its pattern wants `-<hex>.` and these names
-  continue `-<hex>_<date>.`), so the prefix is recorded here and passed explicitly.
-- Hugging Face repos (`usyd-community/vitpose-*`) go through `huggingface_hub.hf_hub_download(
-  repo_id, "model.safetensors")` at the repo's default revision, so `HF_HOME`, `HF_HUB_CACHE`
-  and `HF_HUB_OFFLINE=1` behave as in every HF library.
+- Hugging Face repos (`usyd-community/vitpose-*`, or any `org/repo[@revision]`) go through
+  `huggingface_hub.hf_hub_download`, so `HF_HOME`, `HF_HUB_CACHE` and `HF_HUB_OFFLINE=1` behave as
+  in every HF library.
 
 Offline: a cached file is used without any network access. `HF_HUB_OFFLINE=1` also keeps the
 torch.hub names off the network. A name that is neither cached nor downloadable raises
-`DownloadError` saying which file to fetch, from where, and where to put it.
+`DownloadError` (one line) saying which file to fetch, from where, and where to put it.
 
-A path to an existing file passes through unchanged; `model_spec` then reads the model size,
-decoder and number of keypoints from the file's tensor names and shapes (no weights are loaded).
+A network that accepts connections and never answers cannot hang a run: every connection and
+every read waits at most `VITPOSE_DOWNLOAD_TIMEOUT` seconds (default 30), and an MMPose download
+is tried `VITPOSE_DOWNLOAD_TRIES` times (default 3, a second's pause between tries) before the one
+line; huggingface_hub retries its requests by itself (5 times, waits of 1 to 8 s).
 """
 
 from __future__ import annotations
 
 import difflib
+import hashlib
 import os
 import re
+import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["DownloadError", "ModelInfo", "ModelSpec", "UnknownModelError", "download", "list_models",
-           "model_spec", "is_offline"]
+from vitpose.errors import UserError
+from vitpose.files import atomic_file
+
+__all__ = ["DownloadError", "ModelInfo", "UnknownModelError", "download", "download_hf", "download_url", "hf_config",
+           "is_cached_download", "is_offline", "list_models", "lookup", "parse_repo_id"]
 
 MMPOSE_URL = "https://download.openmmlab.com/mmpose/v1/body_2d_keypoint/topdown_heatmap/coco/"
 HF_FILENAME = "model.safetensors"
-# ViTPose+ experts in the order of HF's `dataset_index` (0 = COCO, the head HF's files carry).
-PLUS_EXPERTS = ("coco", "aic", "mpii", "ap10k", "apt36k", "coco_wholebody")
+HF_CONFIG = "config.json"
 WEIGHT_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors", ".ckpt")
+TIMEOUT_ENV, TRIES_ENV = "VITPOSE_DOWNLOAD_TIMEOUT", "VITPOSE_DOWNLOAD_TRIES"
+DEFAULT_TIMEOUT_S, DEFAULT_TRIES = 30.0, 3
+# An HF repo id, optionally pinned: `org/repo` or `org/repo@revision` (a branch, tag or commit).
+REPO_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[\w./-]+))?$")
 
 
-class UnknownModelError(ValueError):
+class UnknownModelError(UserError, ValueError):
     """A model name that is neither a published name nor an existing file."""
 
 
-class DownloadError(RuntimeError):
+class DownloadError(UserError, RuntimeError):
     """Weights that are not cached and could not be downloaded (offline, no network, bad hash)."""
 
 
@@ -70,19 +81,6 @@ class ModelInfo:
     @property
     def filename(self) -> str:
         return self.location.rsplit("/", 1)[-1] if self.source == "mmpose" else HF_FILENAME
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """What to build for a weights file: `build_model(size, decoder, num_keypoints)`.
-
-    expert: the ViTPose+ expert to take from a mixture-of-experts file (None for plain files).
-    """
-
-    size: str
-    decoder: str
-    num_keypoints: int = 17
-    expert: str | None = None
 
 
 def _mmpose(name, size, decoder, stem, sha, date, ap):
@@ -138,42 +136,68 @@ def is_offline() -> bool:
     return value.strip().upper() in ("1", "ON", "YES", "TRUE")
 
 
+def download_settings() -> tuple[float, int]:
+    """(seconds per connection or read, tries) from VITPOSE_DOWNLOAD_TIMEOUT / VITPOSE_DOWNLOAD_TRIES."""
+    def number(name, default, kind):
+        text = os.environ.get(name, "").strip()
+        try:
+            value = kind(text) if text else default
+        except ValueError:
+            value = 0
+        if value <= 0:
+            raise UserError(f"{name}={text!r}: expected a positive number (default {default})")
+        return value
+
+    return float(number(TIMEOUT_ENV, DEFAULT_TIMEOUT_S, float)), int(number(TRIES_ENV, DEFAULT_TRIES, int))
+
+
 def _looks_like_path(text: str) -> bool:
-    return os.sep in text or "/" in text or text.endswith(WEIGHT_SUFFIXES) or text.startswith(".")
+    return os.sep in text or text.endswith(WEIGHT_SUFFIXES) or text.startswith(".")
+
+
+def parse_repo_id(text: str) -> tuple[str, str | None] | None:
+    """(repo id, revision or None) of `org/repo[@revision]`, or None when `text` is not one."""
+    m = REPO_ID.match(str(text))
+    if m is None or str(text).endswith(WEIGHT_SUFFIXES):
+        return None
+    return m.group("repo"), m.group("revision")
 
 
 def lookup(name: str) -> ModelInfo:
-    """The published checkpoint called `name`; UnknownModelError lists the names."""
-    if name in MODELS:
-        return MODELS[name]
-    close = difflib.get_close_matches(name, list(MODELS), n=3, cutoff=0.75)
-    hint = f" (did you mean {', '.join(close)}?)" if close else ""
-    raise UnknownModelError(f"unknown model {name!r}{hint}; give a weights file path or one of these names:\n"
-                            + format_model_table())
+    """The published checkpoint called `name` (any case); UnknownModelError: one line with the closest names."""
+    key = str(name).strip().lower()
+    if key in MODELS:
+        return MODELS[key]
+    close = difflib.get_close_matches(key, list(MODELS), n=3, cutoff=0.6)
+    hint = f"did you mean {', '.join(close)}? " if close else ""
+    raise UnknownModelError(f"unknown model {name!r}: {hint}Give a weights file, an HF repo id (org/repo), or "
+                            f"a name of vitpose.hub.list_models(): {', '.join(MODELS)}")
 
 
 def download(name_or_path: str | os.PathLike, progress: bool = True, check_hash: bool = True) -> Path:
     """The local path of a published checkpoint (downloaded once, then cached), or a user's own file.
 
     Args:
-        name_or_path: a name from `list_models()` or the path of an existing weights file.
+        name_or_path: a name from `list_models()` (any case) or the path of an existing weights file.
         progress: show the download's progress bar.
         check_hash: check an MMPose download against the SHA-256 prefix in its file name.
     Raises:
         FileNotFoundError: a path (it has a directory part or a weights suffix) that does not exist.
-        UnknownModelError: neither a file nor a published name (the message lists the names).
+        UnknownModelError: neither a file nor a published name (the message names the closest).
         DownloadError: not cached and not downloadable; the message says what to fetch and where.
     """
+    from vitpose.models.checkpoint import WeightsNotFoundError
+
     path = Path(name_or_path).expanduser()
     if path.is_file():
         return path
     text = str(name_or_path)
-    if text not in MODELS and _looks_like_path(text):
-        raise FileNotFoundError(f"weights file not found: {text} (and it is not a model name; see "
-                                f"vitpose.models.hub.list_models())")
+    if text.lower() not in MODELS and _looks_like_path(text):
+        raise WeightsNotFoundError(f"weights file not found: {text} (and it is not a model name; see "
+                                   f"vitpose.hub.list_models())")
     info = lookup(text)
     if info.source == "huggingface":
-        return _download_hf(info)
+        return download_hf(info.location, name=info.name)
     return _download_torch_hub(info, progress, check_hash)
 
 
@@ -184,140 +208,135 @@ def torch_hub_path(info: ModelInfo) -> Path:
     return Path(torch.hub.get_dir()) / "checkpoints" / info.filename
 
 
-def _download_torch_hub(info: ModelInfo, progress: bool, check_hash: bool) -> Path:
+def is_cached_download(path: str | os.PathLike) -> bool:
+    """Whether `path` lies in the torch.hub checkpoints cache or the Hugging Face cache."""
     import torch.hub
 
+    path = Path(path).absolute()
+    roots = [Path(torch.hub.get_dir()) / "checkpoints"]
+    try:
+        from huggingface_hub import constants
+
+        roots.append(Path(constants.HF_HUB_CACHE))
+    except ImportError:
+        pass
+    return any(path.is_relative_to(root.absolute()) for root in roots)
+
+
+def _download_torch_hub(info: ModelInfo, progress: bool, check_hash: bool) -> Path:
     target = torch_hub_path(info)
     if target.is_file():
         return target  # checked when it was downloaded, as torch.hub does
-    how = (f"fetch {info.location} into {target} once with network access, e.g. "
-           f"`vitpose.models.hub.download({info.name!r})` or `curl -L --create-dirs -o {target} {info.location}`")
+    return download_url(info.location, target, info.sha256_prefix if check_hash else None, info.name, progress)
+
+
+def download_url(url: str, target: Path, sha256_prefix: str | None = None, name: str | None = None,
+                 progress: bool = True, alternative: str = "") -> Path:
+    """`url` into the cache file `target` (torch.hub's layout), checked against `sha256_prefix`, with
+    the timeout and tries above; DownloadError (one line: the URL, the manual fix and `alternative`)
+    when it cannot."""
+    name = name or target.name
+    how = (f"fetch {url} into {target} once with network access, e.g. "
+           f"`curl -L --create-dirs -o {target} {url}`{alternative}")
     if is_offline():
-        raise DownloadError(f"{info.name} is not in the torch.hub cache and HF_HUB_OFFLINE is set: {how}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        # Writes to a temporary file and moves it into place only after the hash matched.
-        torch.hub.download_url_to_file(info.location, str(target), info.sha256_prefix if check_hash else None,
-                                       progress=progress)
-    except RuntimeError as e:
-        if "hash" not in str(e):
-            raise
-        raise DownloadError(f"{info.name}: the download from {info.location} failed its SHA-256 check "
-                            f"({e}); nothing was cached. Retry, or pass check_hash=False if you trust the "
-                            f"server's file.") from None
-    except OSError as e:  # URLError, connection refused, DNS, disk
-        raise DownloadError(f"{info.name} could not be downloaded ({type(e).__name__}: {e}); {how}") from None
-    return target
+        raise DownloadError(f"{name} is not in the torch.hub cache and HF_HUB_OFFLINE is set: {how}")
+    timeout, tries = download_settings()
+    for attempt in range(1, tries + 1):
+        try:
+            fetch_url(url, target, sha256_prefix, timeout, progress)
+            return target
+        except HashMismatch as e:
+            raise DownloadError(f"{name}: the download from {url} failed its SHA-256 check ({e}); nothing was "
+                                f"cached. Retry, or pass check_hash=False if you trust the server's file.") from None
+        except OSError as e:  # timeouts, URLError, connection refused, DNS, disk
+            error = e
+            if attempt < tries:
+                time.sleep(1.0)
+    reason = getattr(error, "reason", None) or error
+    raise DownloadError(f"{name} could not be downloaded after {tries} tries with a {timeout:g} s timeout "
+                        f"({type(error).__name__}: {reason}); {how}") from None
 
 
-def _download_hf(info: ModelInfo) -> Path:
+def matches_hash(path: Path, sha256_prefix: str) -> bool:
+    """Whether the file's SHA-256 starts with `sha256_prefix`."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest().startswith(sha256_prefix)
+
+
+class HashMismatch(ValueError):
+    """A downloaded file whose SHA-256 does not start with the expected digits."""
+
+
+def fetch_url(url: str, target: Path, sha256_prefix: str | None, timeout: float, progress: bool = False) -> None:
+    """Download `url` to `target` through a temporary file beside it, moved into place only whole and,
+    with `sha256_prefix`, only when its SHA-256 starts with those digits. `timeout` bounds the
+    connection and every read (urllib applies it to each socket operation)."""
+    digest = hashlib.sha256()
+    # the cache file appears only whole and checked: any error (a stalled read, a wrong hash) inside
+    # the block leaves no file behind (vitpose.files.atomic_file)
+    with atomic_file(target) as out, urllib.request.urlopen(url, timeout=timeout) as response:
+        total, done, shown = int(response.headers.get("Content-Length") or 0), 0, -1
+        while chunk := response.read(1 << 20):
+            out.write(chunk)
+            digest.update(chunk)
+            done += len(chunk)
+            if progress and total and done * 10 // total != shown:
+                shown = done * 10 // total
+                print(f"\r{target.name}: {done / 2**20:.0f} of {total / 2**20:.0f} MiB", end="", flush=True)
+        if progress and shown >= 0:
+            print()
+        if sha256_prefix and not digest.hexdigest().startswith(sha256_prefix):
+            raise HashMismatch(f"SHA-256 {digest.hexdigest()[:12]}..., expected {sha256_prefix}...")
+
+
+def download_hf(repo_id: str, revision: str | None = None, filename: str = HF_FILENAME,
+                name: str | None = None) -> Path:
+    """One file of an HF repo through `huggingface_hub` (its cache, offline mode and token), with the
+    timeout and tries above; DownloadError (one line: the URL and the manual fix) when it cannot."""
     try:
         from huggingface_hub import constants, hf_hub_download
-        from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+        from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RemoteEntryNotFoundError
     except ImportError:
-        raise DownloadError(f"{info.name} is hosted on the Hugging Face Hub: `pip install huggingface_hub`") from None
+        raise DownloadError(f"{name or repo_id} is hosted on the Hugging Face Hub: `pip install huggingface_hub`") from None
+    at = f"@{revision}" if revision else ""
+    url = f"{constants.ENDPOINT}/{repo_id}/resolve/{revision or 'main'}/{filename}"
+    timeout, _ = download_settings()  # huggingface_hub retries by itself (5 times, backing off up to 8 s)
     try:
-        return Path(hf_hub_download(info.location, HF_FILENAME))
+        return Path(hf_hub_download(repo_id, filename, revision=revision, etag_timeout=timeout,
+                                    endpoint=constants.ENDPOINT))
+    except RemoteEntryNotFoundError:
+        raise  # the repo has no such file (hf_config: no config.json)
     except LocalEntryNotFoundError as e:
-        reason = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else "the Hub could not be reached"
+        reason = ("HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else
+                  f"the Hub could not be reached ({timeout:g} s timeout, retried)")
         raise DownloadError(
-            f"{info.name} ({info.location}/{HF_FILENAME}) is not in the Hugging Face cache "
+            f"{name or repo_id + at} ({repo_id}/{filename}{at}) is not in the Hugging Face cache "
             f"({constants.HF_HUB_CACHE}) and {reason}. Fetch it once with network access: "
-            f"`hf download {info.location} {HF_FILENAME}` or `vitpose.models.hub.download({info.name!r})`; "
-            f"then offline runs (HF_HUB_OFFLINE=1) find it. ({type(e).__name__})") from None
+            f"`hf download {repo_id} {filename}{' --revision ' + revision if revision else ''}` "
+            f"(or from {url}); then offline runs (HF_HUB_OFFLINE=1) find it. ({type(e).__name__})") from None
     except HfHubHTTPError as e:
-        raise DownloadError(f"{info.name}: the Hub refused {info.location}/{HF_FILENAME}: {e}") from None
+        raise DownloadError(f"{name or repo_id + at}: the Hub refused {url}: {str(e).splitlines()[0]}") from None
+    except OSError as e:  # a read that timed out after the connection was made, a full disk
+        raise DownloadError(f"{name or repo_id + at}: {url} could not be downloaded ({type(e).__name__}: {e}); "
+                            f"fetch it with `hf download {repo_id} {filename}`, or retry") from None
 
 
-# ----------------------------------------------------------------------------------------------
-# What to build for a file: size, decoder, keypoints, from tensor names and shapes alone.
-# (Private here; issue 13 adds `infer_model_spec(state_dict)` to vitpose.models.checkpoint.)
+def hf_config(repo_id: str, revision: str | None = None) -> dict | None:
+    """The repo's `config.json` as a dict, or None when the repo has none or it cannot be fetched
+    (the weights' shapes then tell the model)."""
+    import json
 
-# The transformer-block index in every layout: own/official `blocks.N.`, MMPose `layers.N.`,
-# HF `encoder.layer.N.` (names without the `backbone.` prefix).
-_BLOCK = re.compile(r"^(?:blocks|layers|encoder\.layer)\.(\d+)\.")
-# The heatmap layer (output channels = K): `final_layer` (own, MMPose, official), HF `conv`.
-_FINAL = re.compile(r"^(?:head|keypoint_head)\.(?:final_layer|conv)\.weight$")
-
-
-def model_spec(name_or_path: str | os.PathLike, expert: str | None = None) -> ModelSpec:
-    """What `build_model` needs for a published name or a weights file.
-
-    Args:
-        name_or_path: a name from `list_models()` or a weights file (read for names and shapes only).
-        expert: for ViTPose+ files, the expert to take ("coco" by default; see PLUS_EXPERTS).
-    """
-    if expert is not None and expert not in PLUS_EXPERTS:
-        raise ValueError(f"expert must be one of {', '.join(PLUS_EXPERTS)}, got {expert!r}")
-    path = Path(name_or_path).expanduser()
-    if str(name_or_path) in MODELS and not path.is_file():
-        info = MODELS[str(name_or_path)]
-        spec = ModelSpec(info.size, info.decoder, 17, "coco" if info.plus else None)
-    else:
-        spec = spec_from_shapes(tensor_shapes(download(name_or_path)), origin=str(name_or_path))
-    if expert is not None:
-        if spec.expert is None:
-            raise ValueError(f"expert={expert!r}: {name_or_path} is not a ViTPose+ (mixture-of-experts) file")
-        spec = ModelSpec(spec.size, spec.decoder, spec.num_keypoints, expert)
-    return spec
-
-
-def tensor_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
-    """Parameter name -> shape of a weights file, wrappers (`state_dict`, `module.`) removed.
-
-    safetensors headers are read without the tensors; pickles are memory-mapped."""
-    from vitpose.models.checkpoint import CheckpointError, describe_file, strip_wrapper_prefixes
-
-    path = Path(path)
-    if path.suffix == ".safetensors":
-        from safetensors import safe_open
-
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                return {strip_wrapper_prefixes(k): tuple(f.get_slice(k).get_shape()) for k in f.keys()}
-        except Exception as e:  # safetensors' own error type for a bad header
-            raise CheckpointError(f"{path}: cannot be read as safetensors ({describe_file(path)}; {e})") from None
-    import torch
+    from huggingface_hub.errors import RemoteEntryNotFoundError
 
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as e:  # not a zip (legacy pickle cannot be mapped), foreign objects, garbage
-        try:
-            obj = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception:
-            raise CheckpointError(f"{path}: not a readable checkpoint ({describe_file(path)}; "
-                                  f"{type(e).__name__})") from None
-    while isinstance(obj, dict) and not any(isinstance(v, torch.Tensor) for v in obj.values()):
-        inner = next((obj[k] for k in ("state_dict", "model", "module") if isinstance(obj.get(k), dict)), None)
-        if inner is None:
-            break
-        obj = inner
-    if not isinstance(obj, dict):
-        raise CheckpointError(f"{path}: expected a mapping of parameter names to tensors, got {type(obj).__name__}")
-    return {strip_wrapper_prefixes(k): tuple(v.shape) for k, v in obj.items() if isinstance(v, torch.Tensor)}
-
-
-def spec_from_shapes(shapes: dict[str, tuple[int, ...]], origin: str = "weights") -> ModelSpec:
-    """Size (embedding width and depth), decoder (deconvolutions or not) and K of a ViTPose file.
-
-    Works for this project's, MMPose 1.x, official ViTPose / ViTPose+ and HF layouts."""
-    from vitpose.models.vitpose import MODEL_SIZES
-
-    body = {n[len("backbone."):]: s for n, s in shapes.items() if n.startswith("backbone.")}
-    # The patch embedding is the only convolution on the 3 image channels: its rows are the width.
-    widths = {s[0] for s in body.values() if len(s) == 4 and s[1] == 3}
-    depth = len({m.group(1) for n in body for m in [_BLOCK.match(n)] if m})
-    finals = [s for n, s in shapes.items() if _FINAL.match(n)]
-    if len(widths) != 1 or not depth or len(finals) != 1:
-        raise ValueError(f"{origin}: not a ViTPose checkpoint this project can read by itself (found "
-                         f"{len(widths)} patch embeddings, {depth} transformer blocks, {len(finals)} "
-                         f"heatmap layers); give --config / build the model yourself")
-    width = widths.pop()
-    size = next((n for n, cfg in MODEL_SIZES.items()
-                 if cfg["embed_dim"] == width and cfg["depth"] == depth), None)
-    if size is None:
-        raise ValueError(f"{origin}: a ViT with width {width} and {depth} blocks is none of "
-                         f"{sorted(MODEL_SIZES)}; give --config / build the model yourself")
-    decoder = "classic" if any("deconv" in n for n in shapes) else "simple"
-    plus = any(".experts." in n for n in body)
-    return ModelSpec(size, decoder, int(finals[0][0]), "coco" if plus else None)
+        path = download_hf(repo_id, revision, HF_CONFIG)
+    except (RemoteEntryNotFoundError, DownloadError):
+        return None
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise DownloadError(f"{path}: the cached {repo_id} {HF_CONFIG} cannot be read ({e}); delete it and run "
+                            f"again") from None

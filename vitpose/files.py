@@ -1,0 +1,353 @@
+"""Files: the one atomic writer, output paths checked before the work, images through numpy buffers.
+
+- Atomic writes (`atomic_path`, `atomic_file`, `write_atomic`, `staged_files`): the bytes go to a
+  temporary file `.NAME.XXXXXXXX.tmp` beside the target, are flushed and fsynced, get the mode the
+  umask gives ordinary files (not mkstemp's 0600), are renamed over the target, and the folder is
+  fsynced. A crash, a kill or a full disk leaves the previous file (or none), never a half-written
+  one; on an error the temporary file is deleted and the error passes on unchanged (so callers,
+  e.g. checkpoint saving, can explain it). Every writer of results, checkpoints, configs and
+  exports in this project goes through here.
+- `check_output(path, flag, kind, inputs)`: an output flag is checked before any work starts:
+  file vs folder, the nearest existing folder above it is a folder and writable, an existing file
+  is writable, and the output is not one of the run's inputs. Missing folders are created by the
+  writer. Failures are `OutputPathError`, one line that names the flag and the fix.
+- `read_image` / `write_image`: images are read with `np.fromfile` + `cv2.imdecode` and written with
+  `cv2.imencode` + an atomic write, never through OpenCV's path functions, so any file name the OS
+  allows (bytes that are not UTF-8 included: pass `bytes`, or the `str` that `os.fsdecode` makes
+  of them) works; OpenCV's `imread`/`imwrite` crash or fail on such names.
+- Pixel limit: before decoding, the image's size is read from its header (PNG's IHDR, JPEG's SOF
+  marker; Pillow's lazy header reading for other formats) and an image over the limit is refused
+  (`ImageTooLargeError`, one line with the size, the limit and how to raise it). The limit is
+  `DEFAULT_MAX_PIXELS` (150 megapixels: 450 MB as BGR uint8, more than any common camera's sensor),
+  overridden per call with `max_pixels=` or for a whole run with the environment variable
+  `VITPOSE_MAX_PIXELS` (0 = no limit). A 570 KB PNG can otherwise decode to 30000x20000 pixels
+  and take gigabytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from vitpose.errors import UserError
+
+__all__ = ["DEFAULT_MAX_PIXELS", "MAX_PIXELS_ENV", "ImageReadError", "ImageTooLargeError", "OutputPathError",
+           "TEMP_SUFFIX", "atomic_file", "atomic_path", "check_output", "check_pixel_limit", "image_header_size",
+           "max_pixels_limit", "read_bytes", "read_image", "readable_mode", "replace_dir", "staged_files", "write_atomic",
+           "write_image"]
+
+TEMP_SUFFIX = ".tmp"  # temp files are `.NAME.XXXXXXXX.tmp` beside their target
+DEFAULT_MAX_PIXELS = 150_000_000
+MAX_PIXELS_ENV = "VITPOSE_MAX_PIXELS"
+
+
+class OutputPathError(UserError):
+    """An output flag names a place that cannot or must not be written (one line naming the flag)."""
+
+
+class ImageReadError(UserError):
+    """An image file is missing, unreadable or not an image (one line naming the file)."""
+
+
+class ImageTooLargeError(ImageReadError):
+    """An image's header says it is larger than the pixel limit; it was not decoded."""
+
+
+def as_path(path) -> Path:
+    """A Path of a str, bytes (any byte string the OS allows, kept through surrogateescape) or PathLike."""
+    return Path(os.fsdecode(path)) if isinstance(path, bytes) else Path(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Atomic writes
+
+
+@functools.cache
+def readable_mode() -> int:
+    """The mode an ordinary new file gets under this process's umask (0o644 under umask 022)."""
+    umask = None
+    with contextlib.suppress(OSError, ValueError):  # Linux >= 4.7 reports it without changing it
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                umask = int(line.split()[1], 8)
+    if umask is None:
+        umask = os.umask(0o022)
+        os.umask(umask)
+    return 0o666 & ~umask
+
+
+def fsync_dir(directory) -> None:
+    """Make a rename in `directory` durable (a no-op where folders cannot be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_path(path):
+    """Yield a temporary path beside `path`; when the block ends without an error, that file is
+    fsynced and renamed over `path`. On any error the temporary file is deleted and `path` is
+    untouched."""
+    path = as_path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        with open(tmp, "rb+") as f:  # the writer may have used a path API that did not fsync
+            os.fsync(f.fileno())
+        os.chmod(tmp, readable_mode())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(path.parent)
+
+
+@contextlib.contextmanager
+def atomic_file(path, mode: str = "wb", **open_kwargs):
+    """Yield a file object open on a temporary file beside `path` (see `atomic_path`)."""
+    with atomic_path(path) as tmp, open(tmp, mode, **open_kwargs) as f:
+        yield f
+        f.flush()
+
+
+def write_atomic(path, data: bytes | str) -> Path:
+    """Write `data` (bytes, or text as UTF-8) to `path` atomically; returns the path."""
+    with atomic_file(path, "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+    return as_path(path)
+
+
+@contextlib.contextmanager
+def staged_files(path):
+    """For writers that put several files beside `path` (an ONNX file and its `.data`): yield a
+    path in a hidden folder beside `path`; on success every file written there is renamed into
+    place; on any error all of it is deleted and nothing beside `path` changes."""
+    path = as_path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent))
+    try:
+        yield stage / path.name
+        for staged in sorted(stage.iterdir()):
+            os.chmod(staged, readable_mode())
+            os.replace(staged, path.parent / staged.name)
+        fsync_dir(path.parent)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def replace_dir(staged, path) -> Path:
+    """Put the finished folder `staged` in the place of the folder `path` (a rename each way: the
+    old folder is moved aside first and deleted after, so `path` never holds a mix of the two)."""
+    staged, path = as_path(staged), as_path(path)
+    old = None
+    if path.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old.", suffix=TEMP_SUFFIX, dir=path.parent))
+        os.replace(path, old / path.name)
+    os.replace(staged, path)
+    fsync_dir(path.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Output paths, checked before the work
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    with contextlib.suppress(OSError):
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _nearest_existing(path: Path) -> Path:
+    above = path.absolute().parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    return above
+
+
+def check_output(path, flag: str, kind: str = "file", inputs=()) -> Path:
+    """Refuse, before any work, an output that cannot be written or would replace an input.
+
+    Args:
+        path: where the command will write (a file, or a folder with kind="dir").
+        flag: the option that named it (`--json`, `--out`), quoted in the message.
+        kind: "file" or "dir".
+        inputs: the run's input files and folders (None entries are ignored); the output must not
+            be one of them (same file after links are resolved).
+    Returns the path (expanded). Raises OutputPathError, one line naming the flag and the fix.
+    Folders that do not exist yet are fine: the writer creates them.
+    """
+    if kind not in ("file", "dir"):
+        raise ValueError(f"kind must be 'file' or 'dir', got {kind!r}")
+    path = as_path(path).expanduser()
+    what = f"{flag} {path}"
+    for given in inputs:
+        if given is not None and _same_file(path, as_path(given).expanduser()):
+            raise OutputPathError(f"{what} would replace the input {given}; write to another name")
+    if kind == "file" and path.is_dir():
+        raise OutputPathError(f"{what} is a folder; {flag} takes a file name")
+    if kind == "dir" and path.exists() and not path.is_dir():
+        raise OutputPathError(f"{what} is a file; {flag} takes a folder (created if missing)")
+    above = _nearest_existing(path)
+    if not above.is_dir():
+        raise OutputPathError(f"{what}: {above} is a file, not a folder; choose a place under a folder")
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise OutputPathError(f"{what}: the folder {above} is not writable; choose another place")
+    if path.exists() and not os.access(path, os.W_OK | (os.X_OK if kind == "dir" else 0)):
+        raise OutputPathError(f"{what} exists and is not writable; choose another place")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Images through numpy buffers
+
+
+def read_bytes(path) -> np.ndarray:
+    """The file's bytes as a uint8 array (what cv2.imdecode takes). Raises OSError as open() does."""
+    with open(as_path(path), "rb") as f:
+        return np.fromfile(f, dtype=np.uint8)
+
+
+_JPEG_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # frame headers (DHT, JPG, DAC are not)
+_JPEG_STANDALONE = frozenset(range(0xD0, 0xDA)) | {0x01}  # RSTn, SOI, EOI, TEM: no length field
+
+
+def _jpeg_size(data: memoryview) -> tuple[int, int] | None:
+    i = 2
+    while i + 9 <= len(data):
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker in _JPEG_STANDALONE:
+            i += 2
+            continue
+        if marker in _JPEG_SOF:
+            height = int.from_bytes(data[i + 5:i + 7], "big")
+            width = int.from_bytes(data[i + 7:i + 9], "big")
+            return (width, height) if height else None  # height 0: defined later by a DNL marker
+        i += 2 + int.from_bytes(data[i + 2:i + 4], "big")
+    return None
+
+
+def _pillow_size(buf: np.ndarray, max_pixels: int) -> tuple[int, int] | None:
+    import io
+
+    from PIL import Image  # lazily: only formats other than PNG and JPEG need it
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(memoryview(buf))) as img:
+                return tuple(int(v) for v in img.size)
+    except Image.DecompressionBombError:
+        # Pillow refuses headers over its own limit (2 x Image.MAX_IMAGE_PIXELS) without saying the size
+        bomb = 2 * int(Image.MAX_IMAGE_PIXELS or 0)
+        return (bomb + 1, 1) if 0 < max_pixels <= bomb else None
+    except Exception:  # not a format Pillow knows: OpenCV may still decode it
+        return None
+
+
+def image_header_size(buf: np.ndarray, max_pixels: int = 0) -> tuple[int, int] | None:
+    """(width, height) from an encoded image's header without decoding it; None if unknown."""
+    data = memoryview(buf).cast("B")
+    head = bytes(data[:24])
+    if head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR":
+        return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+    if head[:2] == b"\xff\xd8":
+        return _jpeg_size(data)
+    return _pillow_size(buf, max_pixels)
+
+
+def max_pixels_limit(max_pixels: int | None = None) -> int:
+    """The pixel limit in force: `max_pixels` if given, else $VITPOSE_MAX_PIXELS, else the default
+    (0 = no limit)."""
+    if max_pixels is not None:
+        return int(max_pixels)
+    value = os.environ.get(MAX_PIXELS_ENV, "").strip()
+    if not value:
+        return DEFAULT_MAX_PIXELS
+    try:
+        return int(float(value))
+    except ValueError:
+        raise UserError(f"{MAX_PIXELS_ENV}={value!r} is not a number of pixels (e.g. 300000000; 0 = no limit)") from None
+
+
+def check_pixel_limit(buf: np.ndarray, path, max_pixels: int | None = None) -> None:
+    """Raise ImageTooLargeError when the header of the encoded image `buf` says it is over the limit."""
+    limit = max_pixels_limit(max_pixels)
+    if limit <= 0:
+        return
+    size = image_header_size(buf, limit)
+    if size is None or size[0] * size[1] <= limit:
+        return
+    width, height = size
+    raise ImageTooLargeError(
+        f"{as_path(path)}: the image is {width}x{height} ({width * height / 1e6:.0f} megapixels, "
+        f"{width * height * 3 / 2**30:.1f} GiB decoded), over the limit of {limit / 1e6:g} megapixels; "
+        f"not decoded. To read it, raise the limit: {MAX_PIXELS_ENV}={width * height} (0 = no limit) "
+        f"or max_pixels= in Python")
+
+
+def read_image(path, max_pixels: int | None = None):
+    """Read an image file as uint8 BGR (H, W, 3) (cv2.IMREAD_COLOR: grey replicated, alpha dropped,
+    EXIF orientation applied), refusing one over the pixel limit before decoding.
+
+    Raises ImageReadError (missing, unreadable, not an image) or ImageTooLargeError, one line each.
+    """
+    import cv2
+
+    try:
+        buf = read_bytes(path)
+    except FileNotFoundError:
+        raise ImageReadError(f"{as_path(path)}: image file not found") from None
+    except OSError as e:
+        raise ImageReadError(f"{as_path(path)}: image file unreadable ({e.strerror or e})") from None
+    if buf.size == 0:
+        raise ImageReadError(f"{as_path(path)}: image file is empty")
+    check_pixel_limit(buf, path, max_pixels)
+    image = cv2.imdecode(buf, cv2.IMREAD_COLOR)
+    if image is None:
+        raise ImageReadError(f"{as_path(path)}: not an image OpenCV can decode (corrupt or unsupported format)")
+    return image
+
+
+def write_image(path, image, params=()) -> Path:
+    """Encode `image` (BGR or grey uint8) in the format of `path`'s suffix and write it atomically.
+
+    Raises ValueError when OpenCV has no encoder for the suffix or the encoding fails.
+    """
+    import cv2
+
+    path = as_path(path)
+    suffix = path.suffix.lower()
+    try:
+        ok, encoded = cv2.imencode(suffix, image, list(params))
+    except cv2.error:
+        ok = False
+    if not ok:
+        raise ValueError(f"{path}: cannot encode an image as {suffix!r} (use .jpg or .png)")
+    write_atomic(path, encoded.tobytes())
+    return path

@@ -1,0 +1,236 @@
+"""`ModelSpec`: everything needed to rebuild a ViTPose and use it, as plain data.
+
+One spec describes the network (ViT dims, decoder, K), what it eats and gives (input and heatmap
+size, pixel normalisation, codec and sigma) and whose keypoints it predicts (the skeleton: names,
+flip indices, limbs, sigmas, ... as a plain dict, so that this layer needs nothing of
+`vitpose.data`; `vitpose.builders` turns it into a `DatasetInfo`). Every file this project writes
+records it as JSON (`ModelSpec.to_json`): training checkpoints (`model_spec`), `save_weights`
+safetensors (metadata key `vitpose.model_spec`), ONNX metadata and torch.export extra files.
+Files made elsewhere (MMPose, the official release, HF, ViTPose+) get theirs from their tensor
+shapes (`vitpose.models.checkpoint.infer_model_spec`), the HF `config.json`, the named-model table
+(`vitpose.models.hub`) or the ViTPose+ expert.
+
+The ViTPose+ experts (`EXPERTS`, `expert_name`) are listed here once for every caller.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import numbers
+from dataclasses import dataclass, field
+from typing import Any
+
+from vitpose.coco_meta import PIXEL_MEAN, PIXEL_STD
+from vitpose.errors import UserError
+
+__all__ = ["EXPERTS", "EXPERT_ALIASES", "METADATA_KEY", "SKELETON_FIELDS", "ModelSpec", "SpecError",
+           "expert_name", "spec_of_model"]
+
+METADATA_KEY = "vitpose.model_spec"  # safetensors / ONNX metadata key and checkpoint entry name
+FORMAT_VERSION = 1
+
+# ViTPose+ experts in HF's `dataset_index` order (the official `dataset_idx` order too), and the
+# other spellings users type for them.
+EXPERTS = ("coco", "aic", "mpii", "ap10k", "apt36k", "coco_wholebody")
+EXPERT_ALIASES = {"wholebody": "coco_wholebody", "coco-wholebody": "coco_wholebody", "ap-10k": "ap10k",
+                  "apt-36k": "apt36k", "ai_challenger": "aic"}
+
+# The fields of `vitpose.data.DatasetInfo` a spec records (its `source` and `defaulted` are not).
+SKELETON_FIELDS = ("name", "keypoint_names", "flip_indices", "upper_body_ids", "lower_body_ids",
+                   "joint_weights", "sigmas", "skeleton", "keypoint_colors", "link_colors", "annotation_format")
+CODECS = ("UDPHeatmap", "MSRAHeatmap")
+
+
+class SpecError(UserError, ValueError):
+    """A recorded or given model spec that is malformed or does not describe a ViTPose."""
+
+
+def expert_name(expert, num_experts: int = len(EXPERTS), origin: str = "expert") -> str:
+    """The canonical ViTPose+ expert name of a name (any case, aliases) or an index 0..num_experts-1
+    of a file with `num_experts` experts; SpecError names the choices (and the closest name)."""
+    names = EXPERTS[:num_experts]
+    choices = ", ".join(f"{name!r} ({i})" for i, name in enumerate(names))
+    if isinstance(expert, str):
+        key = expert.strip().lower()
+        key = EXPERT_ALIASES.get(key, key)
+        if key in names:
+            return key
+        close = difflib.get_close_matches(key, [*names, *EXPERT_ALIASES], n=1, cutoff=0.6)
+        hint = f" (did you mean {EXPERT_ALIASES.get(close[0], close[0])!r}?)" if close else ""
+        raise SpecError(f"{origin}: unknown ViTPose+ expert {expert!r}; the file's experts are {choices}{hint}")
+    if isinstance(expert, numbers.Integral) and not isinstance(expert, bool) and 0 <= expert < num_experts:
+        return names[int(expert)]
+    raise SpecError(f"{origin}: expert={expert!r} is not one of the file's {num_experts} experts: {choices}")
+
+
+def _pair(value, what: str) -> tuple[int, int]:
+    if not (isinstance(value, (list, tuple)) and len(value) == 2):
+        raise SpecError(f"model spec: {what} must be (w, h), got {value!r}")
+    return int(value[0]), int(value[1])
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a ViTPose file is: enough to rebuild the model, its codec and its skeleton.
+
+    size: the nearest `MODEL_SIZES` name ("vitpose-s" ...; the build starts from its table).
+    embed_dim, depth, num_heads, mlp_ratio, patch_size: the ViT. decoder: "classic" | "simple";
+    deconv_channels: the classic head's widths. num_keypoints: K heatmaps.
+    input_size, heatmap_size: (w, h). codec: "UDPHeatmap" | "MSRAHeatmap"; sigma: its Gaussian.
+    pixel_mean, pixel_std: RGB normalisation on the 0-255 scale.
+    skeleton: the DatasetInfo fields of SKELETON_FIELDS as plain lists, or None when the file does
+    not say (the loader then picks one by expert or K, or asks for a config).
+    expert: the ViTPose+ expert to take from a mixture-of-experts file (never recorded).
+    origin: where the spec came from ("recorded", "shapes", "hf config", "config", ...; not recorded).
+    """
+
+    size: str = "vitpose-s"
+    decoder: str = "classic"
+    num_keypoints: int = 17
+    embed_dim: int = 384
+    depth: int = 12
+    num_heads: int = 12
+    mlp_ratio: float = 4.0
+    patch_size: int = 16
+    deconv_channels: tuple[int, ...] = (256, 256)
+    input_size: tuple[int, int] = (192, 256)
+    heatmap_size: tuple[int, int] = (48, 64)
+    codec: str = "UDPHeatmap"
+    sigma: float = 2.0
+    pixel_mean: tuple[float, float, float] = PIXEL_MEAN
+    pixel_std: tuple[float, float, float] = PIXEL_STD
+    skeleton: dict[str, Any] | None = field(default=None, hash=False)
+    expert: str | None = None
+    origin: str = field(default="", compare=False)
+
+    def __post_init__(self):
+        set_ = object.__setattr__
+        set_(self, "input_size", _pair(self.input_size, "input_size"))
+        set_(self, "heatmap_size", _pair(self.heatmap_size, "heatmap_size"))
+        set_(self, "deconv_channels", tuple(int(c) for c in self.deconv_channels))
+        set_(self, "pixel_mean", tuple(float(v) for v in self.pixel_mean))
+        set_(self, "pixel_std", tuple(float(v) for v in self.pixel_std))
+        for name in ("num_keypoints", "embed_dim", "depth", "num_heads", "patch_size"):
+            set_(self, name, int(getattr(self, name)))
+        set_(self, "mlp_ratio", float(self.mlp_ratio))
+        set_(self, "sigma", float(self.sigma))
+        if self.decoder not in ("classic", "simple"):
+            raise SpecError(f"model spec: decoder must be 'classic' or 'simple', got {self.decoder!r}")
+        if self.codec not in CODECS:
+            raise SpecError(f"model spec: codec must be one of {CODECS}, got {self.codec!r}")
+        if self.skeleton is not None:
+            self._check_skeleton()
+
+    def _check_skeleton(self) -> None:
+        if not isinstance(self.skeleton, dict) or "keypoint_names" not in self.skeleton:
+            raise SpecError("model spec: skeleton must be a mapping with keypoint_names")
+        unknown = sorted(set(self.skeleton) - set(SKELETON_FIELDS))
+        if unknown:
+            raise SpecError(f"model spec: unknown skeleton fields {unknown}; known: {list(SKELETON_FIELDS)}")
+        if len(self.skeleton["keypoint_names"]) != self.num_keypoints:
+            raise SpecError(f"model spec: the skeleton {self.skeleton.get('name')!r} has "
+                            f"{len(self.skeleton['keypoint_names'])} keypoints, the model {self.num_keypoints}")
+
+    # ------------------------------------------------------------------ plain data
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able data (lists, numbers, strings), without `expert` and `origin`."""
+        out = {"format": FORMAT_VERSION}
+        for f in dataclasses.fields(self):
+            if f.name in ("expert", "origin"):
+                continue
+            value = getattr(self, f.name)
+            out[f.name] = json.loads(json.dumps(value)) if value is not None else None  # tuples -> lists
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], origin: str = "recorded") -> ModelSpec:
+        if not isinstance(data, dict):
+            raise SpecError(f"model spec ({origin}): expected a mapping, got {type(data).__name__}")
+        data = dict(data)
+        version = data.pop("format", FORMAT_VERSION)
+        if version != FORMAT_VERSION:
+            raise SpecError(f"model spec ({origin}): format {version!r}; this vitpose reads format "
+                            f"{FORMAT_VERSION} (upgrade vitpose)")
+        known = {f.name for f in dataclasses.fields(cls)} - {"origin"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise SpecError(f"model spec ({origin}): unknown fields {unknown}")
+        try:
+            return cls(**data, origin=origin)
+        except (TypeError, ValueError) as e:
+            if isinstance(e, SpecError):
+                raise
+            raise SpecError(f"model spec ({origin}): {e}") from None
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, allow_nan=False)
+
+    @classmethod
+    def from_json(cls, text: str, origin: str = "recorded") -> ModelSpec:
+        try:
+            data = json.loads(text)
+        except (TypeError, ValueError) as e:
+            raise SpecError(f"model spec ({origin}): not valid JSON ({e})") from None
+        return cls.from_dict(data, origin)
+
+    def replace(self, **changes) -> ModelSpec:
+        return dataclasses.replace(self, **changes)
+
+    # ------------------------------------------------------------------ objects
+
+    def build_kwargs(self) -> dict[str, Any]:
+        """`build_model(self.size, self.decoder, self.num_keypoints, **kwargs)` arguments."""
+        w, h = self.input_size
+        kwargs = dict(embed_dim=self.embed_dim, depth=self.depth, num_heads=self.num_heads, mlp_ratio=self.mlp_ratio,
+                      patch_size=self.patch_size, img_size=(h, w))
+        if self.decoder == "classic":
+            kwargs["deconv_channels"] = self.deconv_channels
+        return kwargs
+
+    def build(self):
+        """The ViTPose this spec describes (random weights until loaded), carrying `.spec`."""
+        from vitpose.models.vitpose import build_model
+
+        model = build_model(self.size, self.decoder, self.num_keypoints, **self.build_kwargs())
+        model.spec = self
+        return model
+
+    def build_codec(self):
+        """The heatmap codec of the spec."""
+        from vitpose.codecs.msra import MSRAHeatmap
+        from vitpose.codecs.udp import UDPHeatmap
+
+        codec_class = UDPHeatmap if self.codec == "UDPHeatmap" else MSRAHeatmap
+        return codec_class(self.input_size, self.heatmap_size, self.sigma)
+
+
+def spec_of_model(model, **fields_) -> ModelSpec:
+    """The spec of a built ViTPose, read from its modules (dims, decoder, K, input size); `fields_`
+    (codec, sigma, skeleton, ...) fill the rest. A model built from a spec returns that spec
+    (updated with `fields_`)."""
+    from vitpose.models.checkpoint import unwrap_model
+    from vitpose.models.heads import ClassicHead
+    from vitpose.models.vitpose import MODEL_SIZES
+
+    model = unwrap_model(model)
+    own = getattr(model, "spec", None)
+    if isinstance(own, ModelSpec):
+        return own.replace(**fields_) if fields_ else own
+    backbone, head = model.backbone, model.head
+    embed_dim, depth = int(backbone.embed_dim), len(backbone.blocks)
+    size = next((n for n, s in MODEL_SIZES.items() if s["embed_dim"] == embed_dim), "vitpose-s")
+    h, w = backbone.patch_embed.img_size
+    patch = int(backbone.patch_embed.proj.kernel_size[0])
+    classic = isinstance(head, ClassicHead)
+    deconvs = [m.out_channels for m in head.deconv_layers if hasattr(m, "out_channels")] if classic else []
+    upsample = 2 ** len(deconvs) if classic else int(getattr(head, "scale_factor", 4))
+    rows, cols = backbone.patch_embed.grid_size
+    read = dict(size=size, decoder="classic" if classic else "simple", num_keypoints=int(head.final_layer.out_channels),
+                embed_dim=embed_dim, depth=depth, num_heads=int(backbone.blocks[0].attn.num_heads),
+                mlp_ratio=backbone.blocks[0].mlp.fc1.out_features / embed_dim, patch_size=patch,
+                deconv_channels=tuple(deconvs) if classic else (256, 256), input_size=(w, h),
+                heatmap_size=(cols * upsample, rows * upsample), origin="model")
+    return ModelSpec(**{**read, **fields_})
