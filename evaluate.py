@@ -46,7 +46,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--amp", action="store_true", help="autocast (train.amp_dtype on CUDA, bfloat16 on CPU)")
     p.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default=None,
                    help="inference precision (default fp32, or --amp): auto = bf16 on a CPU with AVX512-BF16 or "
-                        "AMX, bf16 or fp16 on CUDA, else fp32 (vitpose.device.resolve_precision)")
+                        "AMX, fp16 on CUDA, else fp32 (vitpose.device.resolve_precision)")
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: train.device, auto = CUDA if present)")
     p.add_argument("--data-root", default=None, help="COCO root (overrides data.root)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",

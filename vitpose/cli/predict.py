@@ -96,7 +96,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="COCO classes the detector keeps, names or ids (default: the model's skeleton's: "
                         "bird..giraffe for AP-10K / APT-36K, person otherwise)")
     p.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
-                   help="auto (default): bf16 on a CPU with AVX512-BF16 or AMX, bf16 or fp16 on CUDA, else fp32 "
+                   help="auto (default): bf16 on a CPU with AVX512-BF16 or AMX, fp16 on CUDA, else fp32 "
                         "(AP within 0.002 of fp32: BENCHMARKS.md)")
     p.add_argument("--batch-images", type=int, default=8, help="images per model call (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=32, help="person crops per forward pass (default: %(default)s)")
