@@ -4,6 +4,7 @@ Both map the (N, C, 16, 12) feature map to (N, K, 64, 48) heatmaps and end witho
 activation. Module names match MMPose / official ViTPose so that checkpoints map 1:1.
 """
 
+import torch
 import torch.nn.functional as F
 from torch import nn
 
@@ -23,6 +24,8 @@ class PointwiseConv2d(nn.Conv2d):
         super().__init__(in_channels, out_channels, kernel_size=1)
 
     def forward(self, x):
+        if torch.onnx.is_in_onnx_export():  # exported graphs keep a Conv node and the weight's own name
+            return super().forward(x)
         # (N, C, H, W) -> (N, H, W, C) is a free view of a channels-last tensor; the output is
         # moved back to (N, K, H, W), channels-last as the convolution's would be.
         return F.linear(x.movedim(1, -1), self.weight.flatten(1), self.bias).movedim(-1, 1)
