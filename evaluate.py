@@ -44,6 +44,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=None, help="crops per batch (default: loader.val_batch_size)")
     p.add_argument("--workers", type=int, default=None, help="data loader workers (default: min(8, CPUs))")
     p.add_argument("--amp", action="store_true", help="autocast (train.amp_dtype on CUDA, bfloat16 on CPU)")
+    p.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default=None,
+                   help="inference precision (default fp32, or --amp): auto = bf16 on a CPU with AVX512-BF16 or "
+                        "AMX, fp16 on CUDA, else fp32 (vitpose.device.resolve_precision)")
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: train.device, auto = CUDA if present)")
     p.add_argument("--data-root", default=None, help="COCO root (overrides data.root)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -73,6 +76,16 @@ def pick_amp_dtype(device, amp: bool, amp_dtype: str):
     if precision.note:
         print(precision.note)
     return precision.dtype
+
+
+def pick_inference_precision(precision: str, device):
+    """--precision: the inference rule of `vitpose predict` and `Predictor` (autocast dtype or None)."""
+    from vitpose.device import resolve_precision
+
+    try:
+        return resolve_precision(precision, device)
+    except ValueError as e:
+        raise UsageError(f"--precision: {e}") from None
 
 
 def resolve_boxes(args, cfg, root: Path) -> Path | None:
@@ -138,7 +151,10 @@ def run(args) -> dict:
     cfg = load_config(args.config, args.overrides)
     root = Path(args.data_root if args.data_root is not None else cfg.data.root)
     device = pick_device(args.device or cfg.train.device)
-    amp_dtype = pick_amp_dtype(device, args.amp or cfg.train.amp, cfg.train.amp_dtype)
+    if args.precision is not None and args.amp:
+        raise UsageError("--precision and --amp both choose the precision: give one")
+    amp_dtype = pick_inference_precision(args.precision, device) if args.precision is not None else \
+        pick_amp_dtype(device, args.amp or cfg.train.amp, cfg.train.amp_dtype)
     flip = cfg.eval.flip_test and not args.no_flip_test
     bbox_file = resolve_boxes(args, cfg, root)
     ann_file = root / cfg.data.val_ann
