@@ -1,7 +1,21 @@
 """End-to-end top-down pose inference on the CPU: this project vs HF transformers vs MMPose.
 
-    python benchmarks/bench_predict.py [--model vitpose-s] [--decoder classic] [--repeats 3]
+    python benchmarks/bench_predict.py [--model vitpose-s] [--decoder classic] [--repeats 5]
                                        [--threads 2] [--no-flip] [--no-peers] [--pipeline]
+    python benchmarks/bench_predict.py --config configs/demo.yaml --weights work_dirs/demo/best.pth \
+        --data-root work_dirs/demo/synthetic_coco --no-peers        # a trained model: fp32 vs bf16
+
+Trained model (`--config` + `--weights`, with `--data-root`: a COCO-layout root whose val split's
+images and detection boxes are the inputs): keypoint agreement between precisions then means
+something (random weights give flat heatmaps, where any rounding moves a keypoint anywhere); it
+is reported over the keypoints the fp32 run scores above 0.3 (median / 99th percentile / max px).
+Peers load only the standard ViTPose shapes, so they are skipped with a custom config.
+
+Timing protocol (benchmarks/rounds.py): every implementation warms up until three consecutive
+passes agree within 10%, then `--repeats` rounds of one pass each, the order reversed every other
+round; the table gives the median [min-max] over rounds, and "x ours" is taken round by round.
+Without peers (`--no-peers`, or no reference venv) ours runs at fp32 and bf16 (the baseline that
+needs no peer); `--amp` adds the bf16 run when peers are there.
 
 Same images, boxes and weights for all: coco-mini's four images (JPEG files, decoded by each run
 with cv2.imread) and their 118 detection boxes (test_coco_det_AP_H_56.json), one random ViTPose
@@ -57,13 +71,14 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from rounds import alternate, load_note, ratios, spread, warm_up
 from safetensors.torch import save_file
 
 from vitpose.data.geometry import bbox_xywh2xyxy
 from vitpose.inference.predictor import Predictor
+from vitpose.inference.results import StageTimer
 from vitpose.models.checkpoint import load_weights
 from vitpose.models.vitpose import build_model
-from vitpose.inference.results import StageTimer
 
 SHARED = Path(os.environ.get("VITPOSE_SHARED", REPO.parent / "shared"))
 COCO_MINI = SHARED / "data" / "coco-mini"
@@ -157,13 +172,19 @@ def write_weights(model, model_name, decoder, folder):
 # Data
 
 
-def load_inputs(max_images=None, max_boxes=None):
-    detections = json.loads((COCO_MINI / "test_coco_det_AP_H_56.json").read_text())
+def load_inputs(max_images=None, max_boxes=None, data_root=None):
+    """coco-mini's images and detections, or (data_root) a COCO-layout root's val2017 and its detections."""
+    if data_root is None:
+        folder, detections_file = COCO_MINI, COCO_MINI / "test_coco_det_AP_H_56.json"
+    else:
+        folder = Path(data_root) / "val2017"
+        detections_file = next((Path(data_root) / "person_detection_results").glob("*val*.json"))
+    detections = json.loads(detections_file.read_text())
     ids = sorted({d["image_id"] for d in detections})[:max_images]
     images = []
     for image_id in ids:
         boxes = np.array([d["bbox"] for d in detections if d["image_id"] == image_id][:max_boxes], np.float32)
-        images.append({"path": str(COCO_MINI / f"{image_id:012d}.jpg"), "boxes_xywh": boxes.tolist(),
+        images.append({"path": str(folder / f"{image_id:012d}.jpg"), "boxes_xywh": boxes.tolist(),
                        "boxes_xyxy": bbox_xywh2xyxy(boxes).tolist()})
     return images
 
@@ -452,35 +473,43 @@ class Peers:
 # Comparison and table
 
 
-def keypoint_agreement(ours, theirs):
-    """Max |diff| (px) of keypoints and of scores, share of keypoints within 0.01 px, box by box."""
-    diffs, score_diffs = [], []
+def keypoint_agreement(ours, theirs, min_score=0.3):
+    """Distances (px) between ours and their keypoints over the keypoints ours scores above
+    `min_score` (median / 99th percentile / max, share within 0.01 px), and max |score diff|, box by box."""
+    diffs, score_diffs, confident = [], [], []
     for (kpts, scores), image in zip(ours, theirs):
         other = np.array([k for k, _ in image], np.float64).reshape(kpts.shape)
         other_scores = np.array([s for _, s in image], np.float64).reshape(scores.shape)
-        diffs.append(np.abs(kpts - other).max(-1).reshape(-1))
+        diffs.append(np.linalg.norm(kpts - other, axis=-1).reshape(-1))
         score_diffs.append(np.abs(scores - other_scores).reshape(-1))
-    diffs, score_diffs = np.concatenate(diffs), np.concatenate(score_diffs)
+        confident.append((np.asarray(scores) > min_score).reshape(-1))
+    confident = np.concatenate(confident)
+    diffs, score_diffs = np.concatenate(diffs)[confident], np.concatenate(score_diffs)
+    if not diffs.size:
+        diffs = np.array([np.nan])
     return dict(max_px=float(diffs.max()), within_001=float((diffs <= 0.01).mean()),
-                p99_px=float(np.percentile(diffs, 99)),
-                median_px=float(np.median(diffs)), max_score=float(score_diffs.max()))
+                p99_px=float(np.percentile(diffs, 99)), median_px=float(np.median(diffs)),
+                max_score=float(score_diffs.max()), confident=int(confident.sum()), total=int(confident.size))
 
 
 def print_table(rows, people, frames, reference):
-    print("\n| implementation | s / pass (median) | frames/s | people/s | x ours | decode | crop | pose | "
-          "decode heatmaps | other | keypoints vs ours |")
+    """reference: ours' seconds per round; "x ours" is each row's time over it, round by round."""
+    print("\n| implementation | s / pass, median [min-max] over rounds | frames/s | people/s | x ours (time) | decode | "
+          "crop | pose | decode heatmaps | other | keypoints vs ours fp32 |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for name, times, stages, agreement in rows:
         t = statistics.median(times)
+        relative = spread([a / b for a, b in zip(times, reference)])
         total = sum(stages.values())
         share = {k: 100 * v / total for k, v in stages.items()} if total else {}
         other = sum(v for k, v in share.items() if k not in ("decode", "crop", "pose", "decode heatmaps"))
         agree = ("-" if agreement is None else
+                 f"{agreement['confident']} of {agreement['total']} keypoints scored > 0.3: "
                  f"median {agreement['median_px']:.2g} px, 99th percentile {agreement['p99_px']:.3g} px, "
                  f"max {agreement['max_px']:.3g} px, "
                  f"{100 * agreement['within_001']:.1f}% within 0.01 px, "
                  f"scores max {agreement['max_score']:.2g}")
-        print(f"| {name} | {t:.3f} | {frames / t:.3f} | {people / t:.2f} | {t / reference:.2f} | "
+        print(f"| {name} | {spread(times)} | {frames / t:.3f} | {spread([people / x for x in times])} | {relative} | "
               f"{share.get('decode', 0):.0f}% | {share.get('crop', 0):.0f}% | {share.get('pose', 0):.0f}% | "
               f"{share.get('decode heatmaps', 0):.0f}% | {other:.0f}% | {agree} |")
 
@@ -546,7 +575,11 @@ def main():
     parser.add_argument("--decoder", default="classic", choices=["classic", "simple"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu", help="cpu | cuda (GPU figures: ours warps crops on the GPU)")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5, help="alternating rounds (default %(default)s)")
+    parser.add_argument("--config", default=None, help="config of a trained model (with --weights)")
+    parser.add_argument("--weights", default=None, help="trained weights (with --config): agreement then means something")
+    parser.add_argument("--data-root", default=None, help="COCO-layout root: its val2017 images and detections "
+                        "(default: coco-mini)")
     parser.add_argument("--max-images", type=int, default=None, help="the first N coco-mini images only")
     parser.add_argument("--max-boxes", type=int, default=None, help="the first N boxes of each image only")
     parser.add_argument("--no-flip", action="store_true", help="single forward (default: flip test, as ViTPose)")
@@ -555,26 +588,45 @@ def main():
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument("--control", action="store_true",
                         help="also time ours (Predictor.predict) inside the peers' process and venv")
-    parser.add_argument("--amp", action="store_true", help="add a bf16-autocast run of ours (keypoints not equal)")
+    parser.add_argument("--amp", action="store_true", help="add a bf16-autocast run of ours (always without peers)")
     parser.add_argument("--pipeline", action="store_true", help="also time the video pipeline, threads vs sequential")
     parser.add_argument("--pipeline-frames", type=int, default=24)
     parser.add_argument("--batch-frames", type=int, default=8)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     flip = not args.no_flip
-    inputs = load_inputs(args.max_images, args.max_boxes)
+    if (args.config is None) != (args.weights is None):
+        raise SystemExit("--config and --weights go together (a trained model of that config)")
+    if args.config is not None and not args.no_peers:
+        print("note: the peers load the standard ViTPose shapes only; --config: ours only (fp32 vs bf16)")
+        args.no_peers = True
+    if not args.no_peers and not MMPOSE_PY.exists():
+        print(f"note: MMPose reference venv not found ({MMPOSE_PY}); ours only (fp32 vs bf16)")
+        args.no_peers = True
+    args.amp = args.amp or args.no_peers
+    inputs = load_inputs(args.max_images, args.max_boxes, args.data_root)
     people = sum(len(item["boxes_xywh"]) for item in inputs)
     frames = len(inputs)
-    print(f"{args.model} {args.decoder}, flip test {'on' if flip else 'off'}, {frames} coco-mini images, {people} "
-          f"boxes, {args.device}, {args.threads} torch threads, median of {args.repeats} after 1 warm-up, torch "
-          f"{torch.__version__}, OpenCV {cv2.__version__}")
+    model_label = args.config if args.config is not None else f"{args.model} {args.decoder}"
+    source = "coco-mini" if args.data_root is None else f"{args.data_root} val2017"
+    print(f"{model_label}, flip test {'on' if flip else 'off'}, {frames} {source} images, {people} "
+          f"boxes, {args.device}, {args.threads} torch threads, warm-up until steady then {args.repeats} alternating "
+          f"rounds, torch {torch.__version__}, OpenCV {cv2.__version__}; {load_note()}")
 
-    model = draw_weights(build_model(args.model, args.decoder)).eval()
-    predictor = Predictor(model, device=args.device, flip_test=flip, batch_size=args.batch_size)
+    if args.config is not None:
+        trained = Predictor.from_config(args.config, args.weights, device=args.device, flip_test=flip,
+                                        batch_size=args.batch_size)
+        model, codec = trained.model, trained.codec
+        print(f"trained model: {args.config} with {args.weights}")
+    else:
+        model, codec = draw_weights(build_model(args.model, args.decoder)).eval(), None
+    predictor = Predictor(model, device=args.device, flip_test=flip, batch_size=args.batch_size, codec=codec)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        files = write_weights(model, args.model, args.decoder, folder)
-        files["check"] = write_weights_check(model, inputs, folder)
+        files = {}
+        if not args.no_peers:
+            files = write_weights(model, args.model, args.decoder, folder)
+            files["check"] = write_weights_check(model, inputs, folder)
         ours_predict = run_ours_predict(predictor, inputs)
         ours_batched = run_ours_batched(predictor, inputs, flip=flip)
         for (a, sa), (b, sb) in zip(ours_predict, ours_batched):
@@ -584,26 +636,19 @@ def main():
                    "ours-batched": lambda: run_ours_batched(predictor, inputs, flip=flip)}
         amp_keypoints = None
         if args.amp:
-            amp = Predictor(model, device=args.device, flip_test=flip, batch_size=args.batch_size,
-                            amp_dtype=torch.bfloat16)
+            amp = Predictor(model, device=args.device, flip_test=flip, batch_size=args.batch_size, codec=codec,
+                            precision="bf16")
             amp_keypoints = run_ours_batched(amp, inputs, flip=flip)
             runners["ours-bf16"] = lambda: run_ours_batched(amp, inputs, flip=flip)
         peers = None if args.no_peers else Peers(args, files, inputs, folder)
         try:
             for name in ([] if peers is None else args.peers + (["control"] if args.control else [])):
                 runners[name] = lambda name=name: peers.time(name)
-            # Rounds: every implementation once per round, in the same order, so that the machine's
-            # drift (other jobs) spreads over all of them; round 0 is the warm-up.
-            times = {name: [] for name in runners}
-            for round_index in range(args.repeats + 1):
-                for name, run in runners.items():
-                    t0 = time.perf_counter()
-                    answer = run()
-                    seconds = answer if isinstance(answer, float) else time.perf_counter() - t0
-                    if round_index:
-                        times[name].append(seconds)
-                print(f"round {round_index}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items() if v)
-                      if round_index else "round 0 (warm-up) done", flush=True)
+            # Warm-up until steady, then rounds in alternating order: the machine's drift (other
+            # jobs) spreads over all implementations, and ratios are taken within a round.
+            warmed = {name: warm_up(run, max_steps=10) for name, run in runners.items()}
+            print("warm-up passes until steady: " + ", ".join(f"{k} {v}" for k, v in warmed.items()), flush=True)
+            times = alternate(runners, args.repeats, report=lambda line: print(line, flush=True))
             peer_stages = {} if peers is None else {name: peers.stages(name) for name in args.peers}
         finally:
             if peers is not None:
@@ -636,13 +681,17 @@ def main():
             as_lists = [[[k.tolist(), s.tolist()] for k, s in zip(*image)] for image in amp_keypoints]
             rows.append(("ours, batched, bf16 autocast", times["ours-bf16"], stages.seconds,
                          keypoint_agreement(ours_predict, as_lists)))
-        t_predict, t_batched = times["ours-predict"], times["ours-batched"]
-        reference = min(statistics.median(t_predict), statistics.median(t_batched))
-        print_table(rows, people, frames, reference)
+        best = "ours-predict" if statistics.median(times["ours-predict"]) < statistics.median(times["ours-batched"]) \
+            else "ours-batched"
+        print_table(rows, people, frames, times[best])
+        print(f"\nafter: {load_note()}")
+        if amp_keypoints is not None:
+            print(f"ours bf16 vs ours fp32 (batched), speed-up per round: "
+                  f"{spread(ratios(times, 'ours-batched', 'ours-bf16'))}")
         if peer_stages:
-            fastest_peer = min(statistics.median(times[name]) for name in peer_stages)
-            print(f"\nours (best) vs the faster peer: {fastest_peer / reference:.2f}x "
-                  f"(goal >= 2x at equal keypoints)")
+            fastest = min(peer_stages, key=lambda name: statistics.median(times[name]))
+            print(f"ours ({best}) vs the faster peer ({fastest}), speed-up per round: "
+                  f"{spread(ratios(times, fastest, best))} (goal >= 2x at equal keypoints)")
         if args.pipeline:
             bench_pipeline([(f"{args.model} {args.decoder}", predictor),
                             ("demo config (4-block ViT, 128x96 crops)", demo_predictor(flip, args.device))], args, folder)

@@ -56,7 +56,7 @@ def test_every_command_is_a_subcommand_with_the_shared_options():
 
 @pytest.mark.parametrize("script, argv", [
     (train, ["--demo", "--epochs", "3", "--set", "optim.lr=1e-3", "--device", "cpu", "--resume", "auto", "--debug"]),
-    (evaluate, ["--checkpoint", "w.pth", "--gt-boxes", "--no-flip-test", "--set", "eval.nms_thr=0.5", "--device",
+    (evaluate, ["--checkpoint", "w.pth", "--gt-boxes", "--no-flip-test", "--set", "eval.nms_thr=0.5", "--precision", "fp32", "--device",
                 "cpu", "--config", "demo"]),
 ])
 def test_the_scripts_take_the_commands_flags(script, argv):

@@ -126,3 +126,87 @@ def test_names(monkeypatch, tmp_path):
     with pytest.raises(RuntimeError, match=r"not in the torch.hub cache and HF_HUB_OFFLINE is set: fetch "
                                            r".*fasterrcnn_mobilenet_v3_large_fpn.*--detector full-frame"):
         make_detector("default", device="cpu")
+
+
+# ----------------------------------------------------------------------------------------------
+# Which classes the detector keeps: the model's skeleton's (animals for AP-10K / APT-36K), or --det-classes.
+
+# COCO's "animal" supercategory (instances_val2017.json categories 16-25), the classes AP-10K's and
+# APT-36K's mammals are found as.
+COCO_ANIMALS = ["bird", "cat", "dog", "horse", "sheep", "cow", "elephant", "bear", "zebra", "giraffe"]
+
+
+@pytest.mark.parametrize("skeleton, animals", [("coco", False), ("coco_wholebody", False), ("aic", False),
+                                               ("mpii", False), ("ap10k", True), ("apt36k", True)])
+def test_classes_follow_the_skeleton(skeleton, animals):
+    from vitpose.data import dataset_info
+
+    names = detect.coco_label_names()
+    labels = detect.detector_labels(dataset_info(skeleton))
+    assert [names[label] for label in labels] == (COCO_ANIMALS if animals else ["person"])
+    assert detect.detector_labels(skeleton) == labels  # by name as well
+    assert detect.detector_labels(None) == (detect.PERSON_LABEL,)
+
+
+def test_det_classes_override_by_name_or_id():
+    assert detect.detector_labels("ap10k", ["person"]) == (1,)
+    assert detect.detector_labels("coco", ["Dog", "19", "dog", " cat "]) == (18, 19, 17)  # once each, in order
+    assert detect.detector_labels("coco", ["traffic light"]) == (10,)
+    with pytest.raises(ValueError, match=r"--det-classes: 'dgo' is not a COCO class.*did you mean dog"):
+        detect.parse_det_classes(["dgo"])
+    with pytest.raises(ValueError, match=r"--det-classes: '12' is not"):  # an id COCO left unused ("N/A")
+        detect.parse_det_classes(["12"])
+    with pytest.raises(ValueError, match=r"--det-classes: '0' is not"):  # the background
+        detect.parse_det_classes(["0"])
+    with pytest.raises(ValueError, match="at least one class"):
+        detect.parse_det_classes([])
+
+
+def test_a_random_weight_detector_keeps_the_classes_of_the_skeleton():
+    """torchvision's model with random weights biased towards people, cars, dogs and horses: the kept
+    boxes are exactly its raw boxes of the chosen classes above the threshold (classes checked, not boxes)."""
+    from vitpose.data import dataset_info
+
+    torch.manual_seed(0)
+    detector = build_detector("fasterrcnn-mobilenet-v3-large-320-fpn", pretrained=False, score_threshold=0.2)
+    mixed = [1, 3, 18, 19]  # person, car, dog, horse
+    with torch.no_grad():
+        cls_score = detector.model.roi_heads.box_predictor.cls_score
+        cls_score.bias[mixed] = 6.0
+        cls_score.weight[mixed] *= 100  # seed 0: scores person ~0.29, car ~0.28, dog ~0.10, horse ~0.25
+    detector.model.roi_heads.detections_per_img = 1000
+    images = [np.random.default_rng(i).integers(0, 256, (96 + 32 * i, 128, 3), dtype=np.uint8) for i in range(2)]
+    with torch.no_grad():
+        raw = detector.model([torch.from_numpy(im).permute(2, 0, 1).float() / 255 for im in images])
+    raw_labels = torch.cat([r["labels"] for r in raw])
+    assert all((raw_labels == label).any() for label in mixed)  # every class is there to be kept or dropped
+    names = detect.coco_label_names()
+    # ap10k: horses kept, dogs below the threshold dropped, people and cars dropped for their class.
+    cases = [("ap10k", None, set(COCO_ANIMALS), {"horse"}), ("coco", None, {"person"}, {"person"}),
+             ("coco", ["car", "horse"], {"car", "horse"}, {"car", "horse"})]
+    for skeleton, det_classes, chosen_names, expected_kept in cases:
+        detector.labels = detect.detector_labels(dataset_info(skeleton), det_classes)
+        found = detector(images)
+        kept = set()
+        for mine, theirs in zip(found, raw):
+            chosen = torch.tensor([names[label] in chosen_names for label in theirs["labels"].tolist()], dtype=torch.bool)
+            keep = chosen & (theirs["scores"] >= detector.score_threshold)
+            assert {tuple(b) for b in mine.boxes} == {tuple(b) for b in theirs["boxes"][keep].numpy()}
+            np.testing.assert_array_equal(mine.scores, np.sort(theirs["scores"][keep].numpy())[::-1])
+            kept |= {names[label] for label in theirs["labels"][keep].tolist()}
+        assert kept == expected_kept, (skeleton, det_classes)
+
+
+def test_predict_command_names_a_misspelt_class_before_loading_a_model(tmp_path, capsys):
+    import cv2
+
+    from vitpose.cli import main
+
+    image = tmp_path / "a.png"
+    cv2.imwrite(str(image), np.zeros((32, 24, 3), np.uint8))
+    code = main(["predict", str(image), "--model", str(tmp_path / "no-such-model.pth"), "--det-classes", "dgo"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.strip().splitlines()[-1] == ("vitpose predict: error: --det-classes: 'dgo' is not a COCO class name or "
+                                            "label id; did you mean dog? e.g. person, dog, horse, cow, or ids 1-90 "
+                                            "(80 classes)")

@@ -60,7 +60,7 @@ def test_predict_equals_evaluate_and_predictor_on_the_same_boxes(tmp_path, coco_
     dets.write_text(json.dumps(subset))
     out = tmp_path / "results.json"
     code, printed, _ = run_cli([coco_mini_dir, "--config", config, "--model", checkpoint, "--boxes", dets,
-                                "--json", out, "--device", "cpu", "--batch-size", 1], capsys)
+                                "--json", out, "--device", "cpu", "--batch-size", 1, "--precision", "fp32"], capsys)
     assert code == 0
     assert "4 images, 12 people" in printed
     for stage in ("decode", "crop", "pose", "decode heatmaps", "write", "total"):
@@ -129,7 +129,7 @@ def test_directory_with_drawings_and_model_path(tmp_path, small_weights, capsys)
     (tmp_path / "photos" / "notes.txt").write_text("not an image")
     out_dir, out_json = tmp_path / "drawn", tmp_path / "poses.json"
     code, printed, err = run_cli([tmp_path / "photos", "--model", path, "--detector", "full-frame", "--no-flip",
-                                  "--out", out_dir, "--json", out_json, "--device", "cpu",
+                                  "--out", out_dir, "--json", out_json, "--device", "cpu", "--precision", "fp32",
                                   "--batch-images", 1], capsys)  # one crop per pass: exact equality below
     assert code == 0, err
     assert "2 images, 2 people" in printed and "predict" in err and "img/s" in err  # the progress bar

@@ -1,4 +1,5 @@
-"""Which device a run uses: one rule for train.py, evaluate.py, `vitpose.cli.tune` and `Predictor`."""
+"""Which device and which precision a run uses: one rule for train.py, evaluate.py, `vitpose.cli.tune`,
+`vitpose predict` and `Predictor` (`resolve_device`, `resolve_precision`, `cpu_has_native_bf16`)."""
 
 from __future__ import annotations
 
@@ -27,3 +28,82 @@ def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
         elif device.index >= torch.cuda.device_count():
             raise ValueError(f"device {text!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return device
+
+
+# ----------------------------------------------------------------------------------------------
+# Numeric precision of inference: one rule for `vitpose predict`, evaluation and `Predictor`.
+
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+_AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+# The reduced precisions `auto` may pick, in order of preference, per device type. Each one is
+# backed by the accuracy gate (tests/test_precision.py: AP within 0.002 of fp32 on trained models,
+# figures in BENCHMARKS.md); a precision whose gate fails is taken out of this table.
+AUTO_PRECISIONS = {"cpu": ("bf16",), "cuda": ("fp16", "bf16")}  # fp16 first: 10 mantissa bits to bf16's 7
+# (the gate on the demo model: AP -0.0001 and median 0.001 px for fp16, +0.0018 and 0.010 px for bf16)
+
+# oneDNN ISA limits (ONEDNN_MAX_CPU_ISA) under which oneDNN, which runs bf16 matmuls and convolutions,
+# has no bf16 dot-product instructions, and ATen CPU capabilities below AVX-512.
+_ONEDNN_ISAS_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
+_ATEN_CAPABILITIES_WITHOUT_BF16 = ("DEFAULT", "AVX2", "ZVECTOR", "NO AVX")
+
+
+def cpu_has_native_bf16() -> bool:
+    """True when this CPU runs bf16 matmuls natively (x86: AVX512-BF16 or AMX; other ISAs: assumed).
+
+    The one rule of "native bf16" (`--amp` in training, `precision="auto"` in inference). A CPU
+    that has the instructions but whose libraries are told not to use them (the environment
+    variables `ONEDNN_MAX_CPU_ISA=AVX2`, `ATEN_CPU_CAPABILITY=avx2`, as when emulating an AVX2
+    machine) emulates bf16, which is slower than fp32.
+    """
+    import os
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
+        return True
+    probes = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    if not any(probe() for probe in probes if probe is not None):
+        return False
+    if os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper() in _ONEDNN_ISAS_WITHOUT_BF16:
+        return False
+    capability = getattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")()
+    return capability.upper() not in _ATEN_CAPABILITIES_WITHOUT_BF16
+
+
+def _runs_natively(precision: str, device: torch.device) -> bool:
+    if device.type == "cpu":
+        return precision == "bf16" and cpu_has_native_bf16()
+    if device.type == "cuda":  # fp16 tensor cores since Volta; bf16 since Ampere (compute capability 8)
+        return precision == "fp16" or torch.cuda.get_device_capability(device)[0] >= 8
+    return False
+
+
+def resolve_precision(precision: str, device) -> torch.dtype | None:
+    """`"auto" | "fp32" | "bf16" | "fp16"` on `device` -> the autocast dtype, or None for fp32.
+
+    auto: the first of `AUTO_PRECISIONS[device type]` the device computes natively: bf16 on a CPU
+    with AVX512-BF16 or AMX, fp16 on CUDA (bf16 only if fp16 were taken out); fp32 everywhere else.
+    An explicit choice is taken as asked where torch can run it (bf16 on an older CPU is emulated:
+    correct but slower); one it cannot run raises ValueError in one line naming the fix.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    device = torch.device(device)
+    if precision == "auto":
+        chosen = next((p for p in AUTO_PRECISIONS.get(device.type, ()) if _runs_natively(p, device)), "fp32")
+        return _AUTOCAST_DTYPES[chosen]
+    dtype = _AUTOCAST_DTYPES[precision]
+    if dtype is None:
+        return None
+    if device.type == "cuda" and dtype is torch.bfloat16 and not _runs_natively("bf16", device):
+        raise ValueError(f"precision bf16 needs a GPU of compute capability 8.0 or newer (Ampere), this one is "
+                         f"{torch.cuda.get_device_capability(device)}; use fp16, fp32 or auto")
+    if not torch.amp.is_autocast_available(device.type):
+        raise ValueError(f"precision {precision} needs autocast, which torch does not offer on {device.type}; "
+                         f"use fp32 or auto")
+    return dtype
+
+
+def precision_name(dtype: torch.dtype | None) -> str:
+    """torch.bfloat16 -> "bf16", torch.float16 -> "fp16", None -> "fp32" (for logs and reports)."""
+    return {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]

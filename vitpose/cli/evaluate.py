@@ -27,6 +27,7 @@ from vitpose.builders import build_dataset_info, build_evaluator, build_val_set,
 from vitpose.config import Config, load_config
 from vitpose.data.image_io import load_image
 from vitpose.device import resolve_device
+from vitpose.device import resolve_precision as resolve_precision_for_inference
 from vitpose.engine.checkpoint import load_checkpoint
 from vitpose.engine.evaluate import format_stats, predict
 from vitpose.engine.precision import resolve_precision
@@ -57,6 +58,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=None, help="crops per batch (default: loader.val_batch_size)")
     p.add_argument("--workers", type=int, default=None, help="data loader workers (default: min(8, CPUs))")
     p.add_argument("--amp", action="store_true", help="autocast (train.amp_dtype on CUDA, bfloat16 on CPU)")
+    p.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default=None,
+                   help="inference precision (default fp32, or --amp): auto = bf16 on a CPU with AVX512-BF16 or "
+                        "AMX, fp16 on CUDA, else fp32 (vitpose.device.resolve_precision)")
     p.add_argument("--data-root", default=None, help="COCO root (overrides data.root)")
     p.add_argument("--out", type=Path, default=None,
                    help="predictions JSON (default: WORK_DIR/eval/predictions.json); the COCO results go "
@@ -92,7 +96,10 @@ def evaluate_checkpoint(args) -> dict:
     cfg, config_source = load_run_config(args)
     root = Path(args.data_root if args.data_root is not None else cfg.data.root)
     device = pick_device(args.device or cfg.train.device)
-    amp_dtype = pick_amp_dtype(device, args.amp or cfg.train.amp, cfg.train.amp_dtype)
+    if args.precision is not None and args.amp:
+        raise UserError("--precision and --amp both choose the precision: give one")
+    amp_dtype = (pick_inference_precision(args.precision, device) if args.precision is not None
+                 else pick_amp_dtype(device, args.amp or cfg.train.amp, cfg.train.amp_dtype))
     flip = cfg.eval.flip_test and not args.no_flip_test
     bbox_file = None if args.gt_boxes else (args.bbox_file or val_bbox_path(cfg, root))
     ann_file = root / cfg.data.val_ann
@@ -178,6 +185,14 @@ def pick_amp_dtype(device, amp: bool, amp_dtype: str):
     if precision.note:
         print(precision.note)
     return precision.dtype
+
+
+def pick_inference_precision(precision: str, device):
+    """--precision: the inference rule of `vitpose predict` and `Predictor` (autocast dtype or None)."""
+    try:
+        return resolve_precision_for_inference(precision, device)
+    except ValueError as e:
+        raise UserError(f"--precision: {e}") from None
 
 
 def draw_examples(dataset, predictions, out_dir: Path, num_images: int, thr: float = 0.3) -> list[Path]:

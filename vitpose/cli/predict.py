@@ -92,6 +92,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "poses (again at once when someone is lost; default: every frame)")
     p.add_argument("--no-flip", action="store_true", help="skip the flip test (about 2x faster)")
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: CUDA when available)")
+    p.add_argument("--det-classes", nargs="+", default=None, metavar="CLASS",
+                   help="COCO classes the detector keeps, names or ids (default: the model's skeleton's: "
+                        "bird..giraffe for AP-10K / APT-36K, person otherwise)")
+    p.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
+                   help="auto (default): bf16 on a CPU with AVX512-BF16 or AMX, fp16 on CUDA, else fp32 "
+                        "(AP within 0.002 of fp32: BENCHMARKS.md)")
     p.add_argument("--batch-images", type=int, default=8, help="images per model call (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=32, help="person crops per forward pass (default: %(default)s)")
     p.add_argument("--keypoint-threshold", type=float, default=0.3,
@@ -224,9 +230,17 @@ def build_predictor(args):
         device = resolve_device(args.device)
     except ValueError as e:
         raise UsageError(f"--device: {e}") from None
+    if args.det_classes is not None:  # a misspelt class stops before any model loads
+        from vitpose.inference.detect import parse_det_classes
+
+        try:
+            parse_det_classes(args.det_classes)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     return Predictor.from_pretrained(args.model, detector=None if detector == "none" else detector, device=device,
                                      config=args.config, flip_test=not args.no_flip, batch_size=args.batch_size,
-                                     detector_threshold=args.detector_threshold)
+                                     detector_threshold=args.detector_threshold, precision=args.precision,
+                                     det_classes=args.det_classes)
 
 
 def _check_flags(args) -> None:

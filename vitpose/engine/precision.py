@@ -13,10 +13,11 @@ The loss is always computed in fp32, outside autocast.
 from __future__ import annotations
 
 import contextlib
-import platform
 from dataclasses import dataclass
 
 import torch
+
+from vitpose.device import cpu_has_native_bf16  # the one rule of native bf16 (also precision="auto")
 
 DTYPES = {"float16": torch.float16, "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
@@ -59,11 +60,3 @@ def resolve_precision(device: torch.device, amp: bool, amp_dtype: str = "float16
                          "autocast would be slower than fp32; running fp32 (--amp-dtype bfloat16 forces bf16)")
     return Precision(device.type, torch.bfloat16, None,
                      f"--amp on {device.type}: using bfloat16 autocast (no fp16 scaler there)")
-
-
-def cpu_has_native_bf16() -> bool:
-    """True when this CPU runs bf16 matmuls natively (x86: AVX512-BF16 or AMX; other ISAs: assumed)."""
-    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
-        return True
-    probes = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
-    return any(probe() for probe in probes if probe is not None)

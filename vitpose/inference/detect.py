@@ -10,6 +10,11 @@ Choice of defaults (torchvision's published COCO val2017 box mAP and GFLOPs per 
 Every detector here is torchvision's own (BSD-3); nothing is AGPL. Weights download through
 torchvision's cache (`$TORCH_HOME/hub/checkpoints`) only when a detector is built by name.
 
+Classes: the detector keeps the classes the pose model is for: COCO's animal classes (bird, cat,
+dog, horse, sheep, cow, elephant, bear, zebra, giraffe) for AP-10K / APT-36K skeletons, person for
+every other skeleton (`detector_labels`); `--det-classes` / `det_classes=` names others, by COCO
+name or torchvision label id.
+
 A detector is a callable `detector(images, channels="rgb") -> [Detections(boxes, scores), ...]`:
 one entry per image, boxes (M, 4) float32 xyxy image pixels, scores (M,) float32, highest score
 first. `FullFrame` is the whole image as one box (single-person clips).
@@ -22,15 +27,21 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
 import numpy as np
 import torch
 
 from vitpose.inference.results import Detections, FullFrame
 
-__all__ = ["DETECTORS", "DetectorInfo", "Detections", "FullFrame", "PersonDetector", "build_detector", "default_detector_name",
-           "make_detector"]
+__all__ = ["ANIMAL_LABELS", "ANIMAL_SKELETONS", "DETECTORS", "DetectorInfo", "Detections", "FullFrame", "PersonDetector",
+           "build_detector", "coco_label_names", "default_detector_name", "detector_labels", "make_detector",
+           "parse_det_classes"]
 
 PERSON_LABEL = 1  # COCO category id of "person" in torchvision's 91-entry label space
+# COCO's animal classes (supercategory "animal": bird .. giraffe, ids 16-25 in torchvision's label
+# space): what AP-10K's and APT-36K's animals are found as by a COCO detector.
+ANIMAL_LABELS = (16, 17, 18, 19, 20, 21, 22, 23, 24, 25)
+ANIMAL_SKELETONS = ("ap10k", "apt36k")  # `DatasetInfo.name` of the animal skeletons
 DEFAULT_SCORE_THRESHOLD = 0.3  # MMPose's top-down demo (`--bbox-thr 0.3`)
 
 
@@ -79,7 +90,7 @@ def default_detector_name(device) -> str:
 
 
 class PersonDetector:
-    """A torchvision detection model kept to people above a score threshold.
+    """A torchvision detection model kept to people (or the classes of `labels`) above a score threshold.
 
     Args:
         model: a torchvision detection model (input: list of float RGB (3, H, W) in [0, 1];
@@ -88,10 +99,11 @@ class PersonDetector:
         device: where the model runs (default: where its parameters are).
         batch_size: images per forward pass.
         person_label: the label of people in the model's label space.
+        labels: the labels to keep instead of people (e.g. `ANIMAL_LABELS`; see `detector_labels`).
     """
 
     def __init__(self, model: torch.nn.Module, score_threshold: float = DEFAULT_SCORE_THRESHOLD, device=None,
-                 batch_size: int = 8, person_label: int = PERSON_LABEL):
+                 batch_size: int = 8, person_label: int = PERSON_LABEL, labels: Sequence[int] | None = None):
         if not 0.0 <= score_threshold <= 1.0:
             raise ValueError(f"score_threshold (vitpose predict --detector-threshold) must be in [0, 1], "
                              f"got {score_threshold}")
@@ -104,6 +116,7 @@ class PersonDetector:
         self.score_threshold = float(score_threshold)
         self.batch_size = int(batch_size)
         self.person_label = int(person_label)
+        self.labels = tuple(int(label) for label in labels) if labels is not None else (self.person_label,)
 
     def _as_input(self, image: np.ndarray, channels: str) -> torch.Tensor:
         # Upload uint8 (4x fewer bytes) and convert on the device.
@@ -114,7 +127,7 @@ class PersonDetector:
 
     def _people(self, output: dict) -> Detections:
         labels, scores = output["labels"], output["scores"]
-        keep = (labels == self.person_label) & (scores >= self.score_threshold)
+        keep = torch.isin(labels, torch.tensor(self.labels, device=labels.device)) & (scores >= self.score_threshold)
         boxes = output["boxes"][keep].float().cpu().numpy().reshape(-1, 4)
         scores = scores[keep].float().cpu().numpy()
         order = np.argsort(-scores, kind="stable")
@@ -133,7 +146,7 @@ class PersonDetector:
 
 
 def build_detector(name: str, device=None, score_threshold: float = DEFAULT_SCORE_THRESHOLD,
-                   pretrained: bool = True, batch_size: int = 8) -> PersonDetector:
+                   pretrained: bool = True, batch_size: int = 8, labels: Sequence[int] | None = None) -> PersonDetector:
     """A PersonDetector from a name of `DETECTORS` (COCO weights via torchvision's cache).
 
     Args:
@@ -143,6 +156,7 @@ def build_detector(name: str, device=None, score_threshold: float = DEFAULT_SCOR
         pretrained: load torchvision's COCO weights (downloaded once); False = random init
             (tests: nothing is downloaded).
         batch_size: images per forward pass.
+        labels: the classes kept (default: person); see `detector_labels`.
     """
     if name not in DETECTORS:
         raise ValueError(f"unknown detector {name!r}; choose one of: " + ", ".join(DETECTORS)
@@ -159,15 +173,17 @@ def build_detector(name: str, device=None, score_threshold: float = DEFAULT_SCOR
         model = DETECTORS[name].build(True)  # found in the cache: no network
     else:
         model = DETECTORS[name].build(False)
-    return PersonDetector(model, score_threshold, device=device or "cpu", batch_size=batch_size)
+    return PersonDetector(model, score_threshold, device=device or "cpu", batch_size=batch_size, labels=labels)
 
 
-def make_detector(detector, device=None, score_threshold: float = DEFAULT_SCORE_THRESHOLD):
+def make_detector(detector, device=None, score_threshold: float = DEFAULT_SCORE_THRESHOLD,
+                  labels: Sequence[int] | None = None):
     """What `Predictor.from_pretrained(detector=...)` takes -> a detector callable or None.
 
     None / "none": no detector (boxes come from the caller). "full-frame": `FullFrame()`.
     "default": `default_detector_name(device)`. Another string: `build_detector(name)`.
     A callable (e.g. a PersonDetector) is used as it is.
+    labels: the classes a detector built here keeps (default: person; see `detector_labels`).
     """
     if detector is None or detector == "none":
         return None
@@ -175,7 +191,51 @@ def make_detector(detector, device=None, score_threshold: float = DEFAULT_SCORE_
         return FullFrame()
     if isinstance(detector, str):
         name = default_detector_name(device or "cpu") if detector == "default" else detector
-        return build_detector(name, device=device, score_threshold=score_threshold)
+        return build_detector(name, device=device, score_threshold=score_threshold, labels=labels)
     if callable(detector):
         return detector
     raise TypeError(f"detector must be a name, None or a callable, got {type(detector).__name__}")
+
+
+def coco_label_names() -> list[str]:
+    """torchvision's COCO label space: 91 names indexed by label id ("__background__" 0, "person" 1,
+    "N/A" for the ids COCO left unused). The same list for every detector of `DETECTORS`."""
+    import torchvision.models.detection as tvd  # metadata only: nothing downloads
+
+    return list(tvd.FasterRCNN_ResNet50_FPN_V2_Weights.DEFAULT.meta["categories"])
+
+
+def parse_det_classes(values: Sequence[str | int]) -> tuple[int, ...]:
+    """`--det-classes` values -> label ids: COCO names ("dog", "person"; case-insensitive) or ids ("18").
+
+    Raises ValueError in one line naming the value that is neither, with the closest names.
+    """
+    import difflib
+
+    names = coco_label_names()
+    by_name = {name.lower(): i for i, name in enumerate(names) if name not in ("__background__", "N/A")}
+    labels = []
+    for value in values:
+        text = str(value).strip().lower()
+        if text.isdigit() and int(text) in by_name.values():
+            labels.append(int(text))
+        elif text in by_name:
+            labels.append(by_name[text])
+        else:
+            close = difflib.get_close_matches(text, list(by_name), n=3)
+            hint = f"did you mean {', '.join(close)}? " if close else ""
+            raise ValueError(f"--det-classes: {value!r} is not a COCO class name or label id; {hint}"
+                             f"e.g. person, dog, horse, cow, or ids 1-90 ({len(by_name)} classes)")
+    if not labels:
+        raise ValueError("--det-classes: name at least one class (e.g. person, or dog cat)")
+    return tuple(dict.fromkeys(labels))  # in the order given, once each
+
+
+def detector_labels(skeleton=None, det_classes: Sequence[str | int] | None = None) -> tuple[int, ...]:
+    """The classes a detector keeps for a pose model: `det_classes` when given (`parse_det_classes`);
+    else COCO's animal classes for an AP-10K / APT-36K skeleton (a `DatasetInfo` or its name), person
+    for every other skeleton (COCO, AIC, MPII, whole-body, a user's own) and for None."""
+    if det_classes is not None:
+        return parse_det_classes(det_classes)
+    name = skeleton if isinstance(skeleton, str) or skeleton is None else getattr(skeleton, "name", None)
+    return ANIMAL_LABELS if name in ANIMAL_SKELETONS else (PERSON_LABEL,)

@@ -23,7 +23,7 @@ import torch
 
 from vitpose.codecs.udp import UDPHeatmap
 from vitpose.data.transforms import crop_geometry
-from vitpose.device import resolve_device
+from vitpose.device import resolve_device, resolve_precision
 from vitpose.inference.pipeline import TopDown
 from vitpose.inference.results import Poses, StageTimer
 from vitpose.inference.warp import warp_affine_uint8
@@ -44,6 +44,9 @@ class Predictor(TopDown):
         codec: the heatmap codec (default: the model's `.spec` codec, else `UDPHeatmap()`, 192x256
             input, 48x64 heatmaps).
         amp_dtype: torch.bfloat16 / torch.float16 to run under autocast; None = float32.
+        precision: "auto" | "fp32" | "bf16" | "fp16" instead of `amp_dtype`
+            (`vitpose.device.resolve_precision`: auto = bf16 on a CPU with AVX512-BF16 or AMX, fp16
+            on CUDA, else fp32). None (default) = `amp_dtype`, i.e. fp32 unless given.
         batch_size: boxes per forward pass.
         flip_indices: left/right order of the flip test (default: the skeleton's).
         detector: the person detector `predictor(image)` uses: a callable
@@ -65,7 +68,7 @@ class Predictor(TopDown):
     """
 
     def __init__(self, model, device=None, flip_test: bool = True, codec=None, amp_dtype=None, batch_size: int = 32,
-                 flip_indices: Sequence[int] | None = None, detector=None, skeleton=None):
+                 flip_indices: Sequence[int] | None = None, detector=None, skeleton=None, precision: str | None = None):
         from vitpose.builders import load_model
 
         if isinstance(model, (str, Path)):
@@ -76,6 +79,10 @@ class Predictor(TopDown):
             raise TypeError(f"model must be a torch.nn.Module, a weights file, a model name or an HF repo id, "
                             f"got {type(model).__name__}")
         self.device = resolve_device(device)
+        if precision is not None:
+            if amp_dtype is not None:
+                raise ValueError("give precision= or amp_dtype=, not both")
+            amp_dtype = resolve_precision(precision, self.device)
         self.model = model.to(self.device).eval()
         spec = getattr(unwrap_model(model), "spec", None)
         self.skeleton = skeleton if skeleton is not None else _skeleton_of_model(model, spec)
@@ -91,7 +98,7 @@ class Predictor(TopDown):
 
     @classmethod
     def from_pretrained(cls, name_or_path, detector="default", device=None, config=None, expert: str | None = None,
-                        detector_threshold: float | None = None, **kwargs) -> Predictor:
+                        detector_threshold: float | None = None, det_classes=None, **kwargs) -> Predictor:
         """A Predictor for a published model name, an HF repo id or a weights file (`vitpose.load_model`).
 
         Args:
@@ -107,17 +114,20 @@ class Predictor(TopDown):
             expert: the ViTPose+ expert ("coco" by default for `vitpose-plus-*` names; aliases such
                 as "wholebody" work; see `vitpose.models.spec.EXPERTS`).
             detector_threshold: minimum person score (default `vitpose.inference.detect.DEFAULT_SCORE_THRESHOLD`).
-            kwargs: go to `Predictor` (flip_test, batch_size, amp_dtype, ...).
+            det_classes: COCO class names or ids the detector keeps (default: the model's skeleton's:
+                animals for AP-10K / APT-36K, else person; `vitpose.inference.detect.detector_labels`).
+            kwargs: go to `Predictor` (flip_test, batch_size, amp_dtype, precision, ...).
         """
         from vitpose.builders import load_model
-        from vitpose.inference.detect import DEFAULT_SCORE_THRESHOLD, make_detector
+        from vitpose.inference.detect import DEFAULT_SCORE_THRESHOLD, detector_labels, make_detector
 
         loaded = load_model(name_or_path, expert=expert, config=config, device=device)
         kwargs.setdefault("codec", loaded.codec)
         kwargs.setdefault("skeleton", loaded.skeleton)
         predictor = cls(loaded.model, device=device, **kwargs)
         threshold = DEFAULT_SCORE_THRESHOLD if detector_threshold is None else detector_threshold
-        predictor.detector = make_detector(detector, predictor.device, threshold)
+        labels = detector_labels(predictor.skeleton, det_classes)
+        predictor.detector = make_detector(detector, predictor.device, threshold, labels)
         return predictor
 
     @classmethod

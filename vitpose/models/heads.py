@@ -4,8 +4,31 @@ Both map the (N, C, 16, 12) feature map to (N, K, 64, 48) heatmaps and end witho
 activation. Module names match MMPose / official ViTPose so that checkpoints map 1:1.
 """
 
+import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+class PointwiseConv2d(nn.Conv2d):
+    """A 1x1 convolution computed as a matmul over the channels (the same sum of products).
+
+    Why: the backbone's feature map comes out channels-last (tokens are (H*W, C) rows), so the
+    head's activations are channels-last and a 1x1 `nn.Conv2d`'s weight gradient comes back with
+    channels-last strides, (C, 1, C, C) instead of the weight's (C, 1, 1, 1). DDP then warns "Grad
+    strides do not match bucket view strides" and copies the gradient on every step. As a matmul
+    over `weight.flatten(1)` the gradient is always made in the weight's own (contiguous) layout,
+    whatever the input's memory format. Same parameters and names as `nn.Conv2d(C, K, 1)`.
+    """
+
+    def __init__(self, in_channels, out_channels):
+        super().__init__(in_channels, out_channels, kernel_size=1)
+
+    def forward(self, x):
+        if torch.onnx.is_in_onnx_export():  # exported graphs keep a Conv node and the weight's own name
+            return super().forward(x)
+        # (N, C, H, W) -> (N, H, W, C) is a free view of a channels-last tensor; the output is
+        # moved back to (N, K, H, W), channels-last as the convolution's would be.
+        return F.linear(x.movedim(1, -1), self.weight.flatten(1), self.bias).movedim(-1, 1)
 
 
 def _init_head(module):
@@ -38,7 +61,7 @@ class ClassicHead(nn.Module):
             ]
             in_channels = out_channels
         self.deconv_layers = nn.Sequential(*layers)
-        self.final_layer = nn.Conv2d(in_channels, num_keypoints, kernel_size=1)
+        self.final_layer = PointwiseConv2d(in_channels, num_keypoints)
         _init_head(self)
 
     def forward(self, x):
@@ -59,4 +82,4 @@ class SimpleHead(nn.Module):
         return self.final_layer(x)
 
 
-__all__ = ["ClassicHead", "SimpleHead"]
+__all__ = ["ClassicHead", "PointwiseConv2d", "SimpleHead"]

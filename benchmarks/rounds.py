@@ -1,0 +1,66 @@
+"""Timings to believe on a shared machine: warm up until steady, alternate the contestants in rounds,
+and report the spread.
+
+A ratio between two implementations timed one after the other (ours, then the peer) measures the
+machine as much as the code when another job starts or stops in between. Here every contestant
+runs once per round, the order reversed every other round, and each ratio is taken within a round
+(both sides under the same load), then summarised over rounds as median [min-max].
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+
+
+def warm_up(step: Callable[[], float | None], window: int = 3, tolerance: float = 0.10, max_steps: int = 30) -> int:
+    """Run `step` until the last `window` times agree within `tolerance` (max / min - 1), at most
+    `max_steps` times; returns how many ran. `step` may return its own seconds (a subprocess timing
+    itself), else it is timed here."""
+    times = []
+    for n in range(1, max_steps + 1):
+        times.append(timed(step))
+        recent = times[-window:]
+        if len(recent) == window and max(recent) <= (1 + tolerance) * min(recent):
+            return n
+    return max_steps
+
+
+def timed(step: Callable[[], float | None]) -> float:
+    start = time.perf_counter()
+    answer = step()
+    return float(answer) if isinstance(answer, (int, float)) else time.perf_counter() - start
+
+
+def alternate(contestants: dict[str, Callable[[], float | None]], rounds: int, repeats: int = 1,
+              report: Callable[[str], None] | None = None) -> dict[str, list[float]]:
+    """Seconds per contestant and round (the median of `repeats` calls), the order reversed every other round."""
+    names = list(contestants)
+    seconds: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            seconds[name].append(statistics.median(timed(contestants[name]) for _ in range(repeats)))
+        if report is not None:
+            report(f"round {r + 1}/{rounds}: " + ", ".join(f"{n} {seconds[n][-1]:.4f} s" for n in names))
+    return seconds
+
+
+def spread(values: list[float]) -> str:
+    """"median [min-max]" of a list of figures."""
+    return f"{statistics.median(values):.3g} [{min(values):.3g}-{max(values):.3g}]"
+
+
+def ratios(seconds: dict[str, list[float]], numerator: str, denominator: str) -> list[float]:
+    """Round-by-round time ratios numerator / denominator (each pair measured in the same round)."""
+    return [a / b for a, b in zip(seconds[numerator], seconds[denominator])]
+
+
+def load_note() -> str:
+    """The 1-minute load average against the CPU count: how busy the machine was."""
+    try:
+        one, five, _ = os.getloadavg()
+    except OSError:
+        return "load average unknown"
+    return f"load average {one:.1f} (5 min {five:.1f}) on {os.cpu_count()} CPUs"

@@ -1,0 +1,148 @@
+"""Inference precision: `vitpose.device.resolve_precision` and the accuracy gate behind `precision="auto"`.
+
+The gate (benchmarks/precision_gate.py, issue #20): on a trained model, the COCO AP at a reduced
+precision is within 0.002 of fp32's. Every precision `auto` may pick (`AUTO_PRECISIONS`) must pass
+it; one that fails is taken out of that table. The CI tier trains a tiny model for a few seconds
+until its heatmaps are peaked (random weights give flat heatmaps, where any rounding moves the
+argmax anywhere and the comparison means nothing); the slow tier runs the gate on the demo model.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from vitpose import device as device_module
+from vitpose.device import AUTO_PRECISIONS, PRECISIONS, cpu_has_native_bf16, precision_name, resolve_precision
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+from precision_gate import MAX_AP_DIFFERENCE, compare_precisions, keypoint_distances  # noqa: E402
+
+GATED = sorted({p for choices in AUTO_PRECISIONS.values() for p in choices})  # what auto may pick anywhere
+
+
+def test_resolve_precision_on_this_cpu(monkeypatch):
+    native = cpu_has_native_bf16()
+    assert resolve_precision("auto", "cpu") is (torch.bfloat16 if native else None)
+    assert resolve_precision("fp32", "cpu") is None
+    assert resolve_precision("bf16", torch.device("cpu")) is torch.bfloat16  # asked for: taken, native or not
+    assert resolve_precision("fp16", "cpu") is torch.float16
+    assert [precision_name(resolve_precision(p, "cpu")) for p in PRECISIONS[1:]] == ["fp32", "bf16", "fp16"]
+    with pytest.raises(ValueError, match=r"^precision 'half' is not one of auto, fp32, bf16, fp16$"):
+        resolve_precision("half", "cpu")
+    # Emulating an AVX2 machine (the settings of BENCHMARKS.md's AVX2 rows): oneDNN may not use
+    # the bf16 instructions, so bf16 is emulated and auto stays fp32.
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert not cpu_has_native_bf16()
+    assert resolve_precision("auto", "cpu") is None
+    assert resolve_precision("bf16", "cpu") is torch.bfloat16
+
+
+def test_one_rule_of_native_bf16_for_training_and_inference():
+    from vitpose.engine import precision as training_precision
+
+    assert training_precision.cpu_has_native_bf16 is device_module.cpu_has_native_bf16
+    amp = training_precision.resolve_precision(torch.device("cpu"), amp=True)
+    assert amp.dtype is resolve_precision("auto", "cpu")  # --amp in training = auto in inference on a CPU
+
+
+def test_auto_picks_only_gated_precisions():
+    assert set(GATED) <= set(PRECISIONS) - {"auto", "fp32"}
+    assert AUTO_PRECISIONS["cpu"] == ("bf16",)
+
+
+def test_predictor_takes_precision():
+    from vitpose.inference.predictor import Predictor
+    from vitpose.models import build_model
+
+    model = build_model("vitpose-s", depth=1, embed_dim=32, num_heads=2, deconv_channels=(8, 8), img_size=(64, 48))
+    assert Predictor(model, device="cpu", precision="bf16").amp_dtype is torch.bfloat16
+    assert Predictor(model, device="cpu", precision="auto").amp_dtype is resolve_precision("auto", "cpu")
+    assert Predictor(model, device="cpu").amp_dtype is None  # the Python API stays fp32 unless asked
+    with pytest.raises(ValueError, match="not both"):
+        Predictor(model, device="cpu", precision="bf16", amp_dtype=torch.bfloat16)
+
+
+def test_keypoint_distances_compare_confident_keypoints_instance_by_instance():
+    ref = [{"id": 1, "keypoints": np.array([[0.0, 0.0], [10.0, 10.0]]), "keypoint_scores": np.array([0.9, 0.1])},
+           {"id": 2, "keypoints": np.array([[5.0, 5.0], [1.0, 1.0]]), "keypoint_scores": np.array([0.31, 0.3])}]
+    other = [{"id": 1, "keypoints": np.array([[3.0, 4.0], [99.0, 99.0]])},
+             {"id": 2, "keypoints": np.array([[5.0, 6.0], [50.0, 50.0]])}]
+    np.testing.assert_allclose(keypoint_distances(ref, other), [5.0, 1.0])  # scores 0.1 and 0.3 not compared
+    with pytest.raises(ValueError, match="same instances"):
+        keypoint_distances(ref, other[::-1])
+
+
+def _peaked_tiny_model(tmp_path):
+    """A 1-block ViTPose overfitted (120 Adam steps, ~0.1 s each) to the GT crops of 12 synthetic
+    images, and what the gate needs to evaluate it on those crops."""
+    from vitpose.codecs import UDPHeatmap
+    from vitpose.data import CocoKeypoints, get_udp_warp_matrix
+    from vitpose.data.geometry import transform_points
+    from vitpose.data.pixels import normalize_images
+    from vitpose.data.synthetic import make_coco
+    from vitpose.evaluation import CocoEvaluator
+    from vitpose.models import build_model
+
+    size, heatmap = (48, 64), (12, 16)
+    data = make_coco(tmp_path / "coco", num_images=12, seed=0, split="val")
+    dataset = CocoKeypoints(data.ann_file, data.img_dir, train=False, input_size=size, heatmap_size=heatmap)
+    codec = UDPHeatmap(size, heatmap, sigma=1.0)
+    crops, targets, weights = [], [], []
+    for i in range(len(dataset)):
+        info = dataset.instance_info(i)
+        crop_keypoints = transform_points(info["keypoints"], get_udp_warp_matrix(info["center"], info["scale"], 0.0, size))
+        target, weight = codec.encode(crop_keypoints[None], info["keypoints_visible"][None])
+        crops.append(dataset[i]["image"])
+        targets.append(torch.from_numpy(target))
+        weights.append(torch.from_numpy(weight[0]))
+    x, y, w = normalize_images(torch.stack(crops)), torch.stack(targets), torch.stack(weights)
+    torch.manual_seed(0)
+    model = build_model("vitpose-s", depth=1, embed_dim=32, num_heads=2, deconv_channels=(32, 32), img_size=(64, 48),
+                        drop_path_rate=0.0)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(120):
+        loss = (((model(x) - y) ** 2).mean((2, 3)) * w).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model, (lambda: torch.utils.data.DataLoader(dataset, batch_size=32)), codec, CocoEvaluator(data.ann_file)
+
+
+def test_accuracy_gate_on_a_briefly_trained_tiny_model(tmp_path):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny ops: one thread is faster, and steady on a busy machine
+    try:
+        model, batches, codec, evaluator = _peaked_tiny_model(tmp_path)
+        results = compare_precisions(model, batches, codec, evaluator, GATED)
+    finally:
+        torch.set_num_threads(threads)
+    for r in results:
+        print(r.line())
+        assert r.ap_fp32 > 0.3, r.line()  # trained: the comparison is between peaked heatmaps
+        assert r.confident_keypoints > 100, r.line()
+        assert r.max_px > 0, r.line()  # the reduced precision really ran (its keypoints moved)
+        assert abs(r.ap_difference) <= MAX_AP_DIFFERENCE, r.line()
+        assert r.median_px < 0.1, r.line()
+
+
+@pytest.mark.slow  # trains the demo model: minutes on a CPU
+def test_accuracy_gate_on_the_demo_model(tmp_path):
+    sys.path.insert(0, str(REPO))
+    from precision_gate import build_from_config
+
+    import train
+
+    assert train.main(["--demo", "--work-dir", str(tmp_path), "--data-root", str(tmp_path / "data")]) == 0
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["AP"] for r in records if r.get("kind") == "eval") > 0.3
+    model, batches, codec, evaluator, flip_indices, _ = build_from_config(
+        tmp_path / "config.yaml", tmp_path / "best.pth", "cpu", data_root=tmp_path / "data")
+    for r in compare_precisions(model, batches, codec, evaluator, GATED, flip_indices=flip_indices):
+        print(r.line())
+        assert abs(r.ap_difference) <= MAX_AP_DIFFERENCE, r.line()
+        assert r.max_px > 0, r.line()
