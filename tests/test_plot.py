@@ -46,7 +46,6 @@ def test_load_curves(tmp_path, capsys):
 
 
 def test_cli_writes_png(tmp_path, capsys):
-    pytest.importorskip("matplotlib")
     write_metrics(tmp_path / "metrics.jsonl")
     out = main([str(tmp_path)])
     assert out == tmp_path / "curves.png" and capsys.readouterr().out.strip() == str(out)
