@@ -7,6 +7,7 @@ drop-path's rescale, gradient clipping, evaluate.py's --no-flip-test, autocast a
 tracker's velocity over a gap, and the periodic save (on a fake clock).
 """
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -71,14 +72,15 @@ def test_optimizer_step_clips_a_known_gradient_to_max_norm():
 
 @pytest.fixture(scope="module")
 def spied_run(tmp_path_factory):
-    """2 epochs of 3 steps with optim.clip_grad=0.5 and train.checkpoint_minutes=1 on a fake clock
-    that advances 40 s per optimizer step. Records every max_norm given to clip_grad_norm_ and the
-    iteration at every periodic save."""
+    """3 epochs of 3 steps with optim.clip_grad=0.5, train.checkpoint_minutes=1 on a fake clock
+    that advances 40 s per optimizer step, val_every=2, keep_every=2 and --amp --amp-dtype bfloat16.
+    Records every max_norm given to clip_grad_norm_, the iteration at every periodic save and the
+    dtype of the first Linear's output in every training forward; returns them and the work dir."""
     import train
 
     tmp = tmp_path_factory.mktemp("spied")
     clock = [0.0]
-    max_norms, saves = [], []
+    max_norms, saves, dtypes = [], [], []
 
     class FakeTime:  # the trainer's `time`: monotonic() is the fake clock, the rest is real
         def __getattr__(self, name):
@@ -88,8 +90,8 @@ def spied_run(tmp_path_factory):
         def monotonic():
             return clock[0]
 
-    real_clip, real_step, real_epoch = (torch.nn.utils.clip_grad_norm_, trainer.optimizer_step,
-                                        trainer.train_one_epoch)
+    real_clip, real_step, real_epoch, real_forward = (torch.nn.utils.clip_grad_norm_, trainer.optimizer_step,
+                                                      trainer.train_one_epoch, trainer.forward_backward)
 
     def clip(params, max_norm, *args, **kwargs):
         max_norms.append(max_norm)
@@ -98,6 +100,14 @@ def spied_run(tmp_path_factory):
     def step(*args, **kwargs):
         clock[0] += 40.0  # each optimizer step takes 40 s of the fake clock
         return real_step(*args, **kwargs)
+
+    def forward(model, *args, **kwargs):
+        first_linear = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
+        hook = first_linear.register_forward_hook(lambda m, i, out: dtypes.append(out.dtype))
+        try:
+            return real_forward(model, *args, **kwargs)
+        finally:
+            hook.remove()
 
     def epoch(run, batches, epoch_index, cfg, batches_per_epoch, watch, save_last):
         def periodic_save():
@@ -109,23 +119,39 @@ def spied_run(tmp_path_factory):
         mp.setattr(torch.nn.utils, "clip_grad_norm_", clip)
         mp.setattr(trainer, "optimizer_step", step)
         mp.setattr(trainer, "train_one_epoch", epoch)
+        mp.setattr(trainer, "forward_backward", forward)
         mp.setattr(trainer, "time", FakeTime())
-        args = tiny_args(tmp / "data", tmp / "work", "--workers", "0", "--epochs", "2",
-                         "--set", "optim.clip_grad=0.5", "--set", "train.checkpoint_minutes=1")
+        args = tiny_args(tmp / "data", tmp / "work", "--workers", "0", "--epochs", "3", "--amp",
+                         "--amp-dtype", "bfloat16", "--set", "optim.clip_grad=0.5",
+                         "--set", "train.checkpoint_minutes=1", "--set", "train.val_every=2",
+                         "--set", "train.keep_every=2")
         assert train.main(args) in (0, None)
-    return max_norms, saves
+    return max_norms, saves, dtypes, tmp / "work"
 
 
 def test_the_configured_clip_reaches_gradient_clipping(spied_run):
-    max_norms, _ = spied_run
-    assert max_norms == [0.5] * 6  # every optimizer step, the configured optim.clip_grad
+    max_norms = spied_run[0]
+    assert max_norms == [0.5] * 9  # every optimizer step, the configured optim.clip_grad
 
 
 def test_the_periodic_save_fires_on_its_interval(spied_run):
     # Saved when more than 60 s passed since the epoch started or the last save: with 40 s per
     # step, after the 2nd step of each epoch (80 s), not after the 3rd (40 s since that save).
-    _, saves = spied_run
-    assert saves == [2, 5]
+    saves = spied_run[1]
+    assert saves == [2, 5, 8]
+
+
+def test_amp_trains_in_bfloat16(spied_run):
+    dtypes = spied_run[2]
+    assert dtypes == [torch.bfloat16] * 9  # --amp --amp-dtype bfloat16: every training forward
+
+
+def test_val_every_and_keep_every(spied_run):
+    """val_every=2 of 3 epochs: validation after epoch 2 and after the last; keep_every=2: epoch_2.pth."""
+    work = spied_run[3]
+    records = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    assert [r["epoch"] for r in records if r.get("kind") == "eval"] == [1, 2]  # 0-based epochs
+    assert sorted(p.name for p in work.glob("*.pth")) == ["best.pth", "epoch_2.pth", "last.pth"]
 
 
 # ---- evaluate.py --no-flip-test ------------------------------------------------------------------
