@@ -9,10 +9,10 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from conftest import REPO
 
-from vitpose.builders import build_dataset_info, build_train_set, dataset_info_path
+from conftest import REPO
 from vitpose.cli import check_data
+from vitpose.builders import build_dataset_info, build_train_set, dataset_info_path
 from vitpose.config import ConfigError, load_config
 from vitpose.data import check as C
 from vitpose.data.errors import DataError

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from vitpose.builders import build_train_set
 from vitpose.cli import build_crop_cache as tool
+from vitpose.builders import build_train_set
 from vitpose.coco_meta import LOWER_BODY_IDS, UPPER_BODY_IDS
 from vitpose.config import load_config
 from vitpose.data import crop_cache as C

@@ -86,13 +86,13 @@ def test_tiny_sweep_with_training_steps(tmp_path):
 def test_tune_train_step_uses_the_training_optimizer_and_schedule():
     """The tuning step is train.py's step: layer-decay groups and the warmup schedule, not plain AdamW."""
     import torch
-    from conftest import REPO
 
+    from conftest import REPO
     from vitpose.builders import build_model_from_config
-    from vitpose.cli.tune import make_train_step
     from vitpose.config import load_config
     from vitpose.engine.optim import param_groups
     from vitpose.engine.schedule import lr_factor
+    from vitpose.cli.tune import make_train_step
 
     cfg = load_config(REPO / "configs" / "demo.yaml", ["model.extra={embed_dim: 32, depth: 2, num_heads: 2, "
                                                        "deconv_channels: [16, 16]}"])
