@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from vitpose.codecs.udp import UDPHeatmap
+from vitpose.data import synthetic
 from vitpose.data import transforms as T
 from vitpose.data.coco import CocoKeypoints
 from vitpose.data.coco_index import build_coco_index
@@ -166,7 +167,6 @@ def test_index_is_frozen_and_can_be_shared(coco_mini_dir):
 
 
 def test_synthetic_set_loads(tmp_path):
-    synthetic = pytest.importorskip("vitpose.data.synthetic")
     paths = synthetic.make_coco(tmp_path, num_images=3, seed=0, split="val")
     ds = CocoKeypoints(paths.ann_file, paths.img_dir, train=True)
     assert len(ds) > 0

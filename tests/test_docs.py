@@ -242,3 +242,20 @@ def test_the_readme_commands_parse_with_the_real_parsers(capsys):
             except ConfigError as e:
                 problems.append(f"README.md:{number}: {e}")
     assert not problems, "README commands that do not parse:\n" + "\n".join(problems)
+
+
+def readme_block(heading):
+    """The first ```bash block under README.md's `## heading`, as its command lines."""
+    section = REPO.joinpath("README.md").read_text().split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line.split("#", 1)[0].strip() for line in block.splitlines() if line.split("#", 1)[0].strip()]
+
+
+def test_ci_runs_the_readme_install_and_test_commands_and_nothing_hides_a_failure():
+    """.ci/run ends with README's Install and Tests commands as written: what CI checks is what a
+    new user types (a fresh clone, bare `pytest`). No re-run of failed tests (`--lf`), no `|| `."""
+    ci = [line.strip() for line in REPO.joinpath(".ci", "run").read_text().splitlines()
+          if line.strip() and not line.strip().startswith("#")]
+    install, tests = readme_block("Install"), readme_block("Tests")
+    assert ci[-len(install) - len(tests):] == install + tests, ci
+    assert not any("--lf" in line or "--last-failed" in line or "||" in line for line in ci), ci

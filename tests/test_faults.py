@@ -21,6 +21,7 @@ The whole matrix is `slow`; two cases run in CI.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -48,11 +49,25 @@ def run_args(data_root: Path, work_dir: Path, *extra: str) -> list[str]:
     return tiny_args(data_root, work_dir, "--workers", "0", *sets, *extra)
 
 
+# Every run is a fresh process whose float results must equal the reference's bit for bit, so the
+# runs pin what makes one process's sums differ from another's with the same code and data:
+# - one intra-op thread: how OpenMP/MKL/oneDNN split a reduction among threads, and MKL's dynamic
+#   choice of thread count per call (MKL_VERBOSE shows `Dyn:1` by default), are then out of play;
+#   with 2 cores shared by many processes one thread is also the faster choice (no spin-waits);
+# - MKL's conditional numerical reproducibility (MKL_CBWR=AUTO,STRICT: the same kernels whatever
+#   the alignment of the arrays; AUTO keeps this CPU's best code path, AVX-512/AMX included).
+# Differences of 3e-7 in the weights between two fresh processes were seen with the defaults on an
+# AVX-512/AMX machine (2 of about 18 runs of a resume case).
+DETERMINISTIC_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MKL_DYNAMIC": "FALSE",
+                     "MKL_CBWR": "AUTO,STRICT"}
+
+
 def run_train(args: list[str], fault: dict | None = None) -> subprocess.CompletedProcess:
     """train.py in a fresh interpreter; with `fault`, through the wrapper that injects it."""
     script = [str(WRAPPER), json.dumps(fault)] if fault else [str(REPO / "train.py")]
     return subprocess.run([sys.executable, *script, *args], cwd=REPO, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+                          env={**os.environ, **DETERMINISTIC_ENV})
 
 
 def describe(proc: subprocess.CompletedProcess) -> str:

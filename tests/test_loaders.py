@@ -274,7 +274,8 @@ def test_workers_start_after_the_main_process_used_opencv_threads():
     import sys
     from pathlib import Path
 
-    cv2 = pytest.importorskip("cv2")
+    import cv2
+
     if cv2.getNumThreads() < 2:
         pytest.skip("OpenCV runs single-threaded here: nothing to inherit")
     repo = Path(__file__).resolve().parents[1]

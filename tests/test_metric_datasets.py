@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from vitpose.data import dataset_info
 from vitpose.evaluation import CocoEvaluator, PCKhEvaluator, WholeBodyEvaluator, read_mat_arrays
 from vitpose.evaluation.coco_evaluator import GroundTruthError, PredictionError
 from vitpose.evaluation.matfile import MatFileError
@@ -306,14 +307,11 @@ def test_mat_reader_refuses_hdf5_and_other_files(tmp_path):
         read_mat_arrays(cut)
 
 
-# ---- the skeletons' sigmas, once vitpose.data.dataset_info exists --------------------------------
+# ---- the skeletons' sigmas --------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["aic", "ap10k", "coco_wholebody"])
 def test_builtin_skeleton_sigmas_equal_the_fixture(name):
-    data = pytest.importorskip("vitpose.data")
-    if not hasattr(data, "dataset_info"):
-        pytest.skip("vitpose.data.dataset_info is not merged yet")
-    info = data.dataset_info(name)
+    info = dataset_info(name)
     assert np.array_equal(np.float32(info.sigmas), np.float32(DATASETS[name]["sigmas"]))
 
 

@@ -51,7 +51,6 @@ def test_load_curves(tmp_path, capsys):
 
 
 def test_cli_writes_png(tmp_path, capsys):
-    pytest.importorskip("matplotlib")
     write_metrics(tmp_path / "metrics.jsonl")
     assert main([str(tmp_path)]) == 0
     out = tmp_path / "curves.png"

@@ -52,7 +52,6 @@ def test_loader_only_reports_rising_throughput():
 
 
 def run_tiny_sweep(tmp_path, steps):
-    pytest.importorskip("vitpose.data.synthetic")
     config = tmp_path / "tiny.yaml"
     config.write_text(f"train:\n  work_dir: {tmp_path / 'work'}\n  device: cpu\n")
     out = tmp_path / "tune"

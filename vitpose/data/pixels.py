@@ -28,4 +28,8 @@ def normalize_images(images: torch.Tensor, mean: Sequence[float] = PIXEL_MEAN, s
         raise ValueError(f"expected uint8 RGB crops (N, {len(mean)}, H, W), got shape {tuple(images.shape)}")
     mean_t = torch.as_tensor(mean, dtype=dtype, device=images.device).view(1, -1, 1, 1)
     std_t = torch.as_tensor(std, dtype=dtype, device=images.device).view(1, -1, 1, 1)
-    return (images.to(dtype) - mean_t) / std_t
+    # One memory layout whatever the crops': OpenCV's HWC crops arrive as a channels-last view, and
+    # channels-last input makes the patch convolution pick other kernels whose sums differ in the
+    # last bits (measured with AVX2 kernels: 4e-7 on the heatmaps), so the Predictor and the video
+    # path would disagree on the same crops.
+    return (images.to(dtype, memory_format=torch.contiguous_format) - mean_t) / std_t
