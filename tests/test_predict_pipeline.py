@@ -81,7 +81,7 @@ def clip(tmp_path_factory):
 
 def test_images_video_and_onnx_give_the_same_keypoints(tmp_path, tiny, clip, capsys):
     video, frames_dir, decoded = clip
-    common = ["--detector", "full-frame", "--batch-images", 3]
+    common = ["--detector", "full-frame", "--batch-images", 3, "--precision", "fp32"]  # fp32 as the ONNX graph
     assert cli(tmp_path, tiny, frames_dir, *common, "--json", tmp_path / "images.jsonl", capsys=capsys)[0] == 0
     assert cli(tmp_path, tiny, video, *common, "--json", tmp_path / "video.jsonl", capsys=capsys)[0] == 0
     images = strict_records(tmp_path / "images.jsonl")
