@@ -490,21 +490,12 @@ def run_video(predictor, source, args, stop: threading.Event | None = None) -> V
         reader.capture.release()
         raise UserError("no person boxes: this predictor has no detector; give --boxes FILE.json, or build it "
                         "with a detector (--detector default | full-frame | NAME)")
-    summary = VideoSummary(source=reader.name, fps=reader.fps, frame_count=reader.frame_count, pipeline=pipeline)
-    if not reader.fps_declared:
-        summary.notes.append(f"the source gives no frame rate: {DEFAULT_FPS:g} frames/s assumed")
     results = _results_file(args, webcam)
-    summary.resumed_from = max(results.done) + 1 if results is not None and results.done else 0
+    summary = _new_summary(reader, pipeline, results)
     predictor.timer.reset()
-    progress = None
-    if getattr(args, "progress", True):
-        from tqdm import tqdm
-
-        progress = tqdm(total=reader.frame_count, unit="frame", desc=reader.name, file=sys.stderr,
-                        dynamic_ncols=True, leave=False, initial=summary.resumed_from)
+    progress = _progress_bar(args, reader, summary.resumed_from)
     writer = _Writer(args, predictor, reader, summary, results, progress)
     frames = (f for f in reader if f.index >= summary.resumed_from)
-
     schedule = _detection_schedule(args, boxes)
 
     def process(batch: list[Frame]):
@@ -531,6 +522,24 @@ def run_video(predictor, source, args, stop: threading.Event | None = None) -> V
     if not getattr(args, "quiet", False):
         print(summary.format(), file=sys.stderr)
     return summary
+
+
+def _new_summary(reader: FrameReader, pipeline: str, results) -> VideoSummary:
+    summary = VideoSummary(source=reader.name, fps=reader.fps, frame_count=reader.frame_count, pipeline=pipeline)
+    if not reader.fps_declared:
+        summary.notes.append(f"the source gives no frame rate: {DEFAULT_FPS:g} frames/s assumed")
+    summary.resumed_from = max(results.done) + 1 if results is not None and results.done else 0
+    return summary
+
+
+def _progress_bar(args, reader: FrameReader, initial: int):
+    """tqdm over the frames (on stderr) unless `args.progress` is False."""
+    if not getattr(args, "progress", True):
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=reader.frame_count, unit="frame", desc=reader.name, file=sys.stderr,
+                dynamic_ncols=True, leave=False, initial=initial)
 
 
 def _finish_summary(summary: VideoSummary, reader: FrameReader, timer, started: float) -> None:
