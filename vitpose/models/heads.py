@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vitpose.models.vit import init_layers
+
 
 class PointwiseConv2d(nn.Conv2d):
     """A 1x1 convolution computed as a matmul over the channels (the same sum of products).
@@ -33,14 +35,7 @@ class PointwiseConv2d(nn.Conv2d):
 
 def _init_head(module):
     # MMPose / official: N(0, 0.001) on conv and deconv weights, zero bias, BN (1, 0).
-    for m in module.modules():
-        if isinstance(m, (nn.Conv2d, nn.ConvTranspose2d)):
-            nn.init.normal_(m.weight, std=0.001)
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.BatchNorm2d):
-            nn.init.ones_(m.weight)
-            nn.init.zeros_(m.bias)
+    init_layers(module, (nn.Conv2d, nn.ConvTranspose2d), lambda w: nn.init.normal_(w, std=0.001), nn.BatchNorm2d)
 
 
 class ClassicHead(nn.Module):

@@ -21,6 +21,19 @@ def drop_path(x, drop_prob: float = 0.0, training: bool = False):
     return x * mask.div_(keep_prob)
 
 
+def init_layers(module: nn.Module, weight_types, init_weight, norm_types) -> None:
+    """Every submodule of `weight_types`: `init_weight(weight)` and a zero bias; of `norm_types`:
+    weight 1, bias 0. (The backbone and the heads differ only in the types and the weight rule.)"""
+    for m in module.modules():
+        if isinstance(m, weight_types):
+            init_weight(m.weight)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, norm_types):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+
+
 class DropPath(nn.Module):
     def __init__(self, drop_prob: float = 0.0):
         super().__init__()
@@ -146,14 +159,7 @@ class VisionTransformer(nn.Module):
         # timm / official ViTPose: trunc_normal(0.02) Linear weights and pos_embed, zero biases,
         # LayerNorm (1, 0); the patch conv keeps PyTorch's default init.
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+        init_layers(self, nn.Linear, lambda w: nn.init.trunc_normal_(w, std=0.02), nn.LayerNorm)
 
     @torch.jit.ignore
     def no_weight_decay(self):
