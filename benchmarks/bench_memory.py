@@ -91,8 +91,8 @@ def run_child(args) -> dict:
     import torch
     from torch.utils.data import DataLoader
 
-    from vitpose.data.coco import CocoKeypoints
     from vitpose.cli.tune import total_pss_bytes
+    from vitpose.data.coco import CocoKeypoints
 
     torch.set_num_threads(1)
     cv2.setNumThreads(1)  # the two-loader workers call it after fork; keep the parent's pool empty

@@ -2,8 +2,8 @@
 
 import numpy as np
 import torch
-
 from conftest import REPO
+
 from vitpose.builders import build_codec, build_model_from_config, build_train_set, build_val_set
 from vitpose.config import load_config
 from vitpose.engine.checkpoint import save_checkpoint

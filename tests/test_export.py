@@ -25,10 +25,10 @@ from weights_recipe import derive, load_spec, make_weights
 import vitpose.inference.export as E
 from vitpose.coco_meta import FLIP_INDICES
 from vitpose.data.loaders import normalize_images
+from vitpose.inference.onnx import OnnxPredictor
 from vitpose.inference.predictor import Predictor
 from vitpose.models.checkpoint import CheckpointError, infer_model_spec, load_weights, save_weights
 from vitpose.models.vitpose import build_model, flip_test
-from vitpose.inference.onnx import OnnxPredictor
 from vitpose.topdown import forward_heatmaps
 
 REPO = Path(__file__).resolve().parents[1]

@@ -4,7 +4,6 @@ import json
 import struct
 
 import numpy as np
-import pytest
 
 from vitpose import cli
 from vitpose.cli.plot import load_curves

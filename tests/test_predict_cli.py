@@ -22,8 +22,8 @@ from conftest import REPO
 from test_evaluate import load_cli, tiny_model, write_config
 
 import vitpose
-from vitpose.cli import predict as predict_cli
 from vitpose.cli import build_parser, main
+from vitpose.cli import predict as predict_cli
 from vitpose.data.metainfo import dataset_info
 from vitpose.evaluation.coco_evaluator import load_predictions
 from vitpose.inference.draw import draw_people

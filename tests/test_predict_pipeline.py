@@ -25,7 +25,7 @@ from vitpose.cli import predict as predict_cli
 from vitpose.errors import UserError
 from vitpose.evaluation.coco_evaluator import CocoEvaluator
 from vitpose.inference import export as E
-from vitpose.inference.pipeline import coco_records, read_records
+from vitpose.inference.pipeline import coco_records
 from vitpose.inference.predictor import Predictor
 from vitpose.inference.results import FullFrame, Poses
 

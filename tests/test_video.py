@@ -16,12 +16,12 @@ from conftest import REPO
 
 from vitpose.builders import build_codec, build_model_from_config
 from vitpose.config import load_config
-from vitpose.inference.predictor import Predictor
-from vitpose.inference.tracking import KeypointSmoother, Tracker
 from vitpose.errors import UserError
 from vitpose.inference.draw import draw_pose
 from vitpose.inference.pipeline import read_boxes_file, read_records
+from vitpose.inference.predictor import Predictor
 from vitpose.inference.results import FullFrame
+from vitpose.inference.tracking import KeypointSmoother, Tracker
 from vitpose.inference.video import FrameReader, VideoError, run_video
 
 NUM_FRAMES, FPS, SIZE = 12, 12.5, (320, 240)

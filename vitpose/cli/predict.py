@@ -44,8 +44,14 @@ import numpy as np
 
 from vitpose.errors import UserError
 from vitpose.files import check_output
-from vitpose.inference.pipeline import IMAGE_SUFFIXES, ResultsFile, classify_source, coco_records, image_ids, \
-    read_boxes_file
+from vitpose.inference.pipeline import (
+    IMAGE_SUFFIXES,
+    ResultsFile,
+    classify_source,
+    coco_records,
+    image_ids,
+    read_boxes_file,
+)
 
 DEFAULT_MODEL = "vitpose-b-simple"
 STAGES = ("decode", "detect", "crop", "pose", "decode heatmaps", "draw", "write")

@@ -25,8 +25,8 @@ import numpy as np
 from vitpose.data.geometry import bbox_xywh2xyxy, crop_to_image, person_boxes_to_center_scale
 from vitpose.data.transforms import topdown_crops
 from vitpose.errors import UserError
-from vitpose.files import write_atomic
 from vitpose.evaluation.coco_evaluator import instance_scores
+from vitpose.files import write_atomic
 from vitpose.inference.results import Detections, Poses, StageTimer
 
 __all__ = ["BoxTable", "ResultsFile", "TopDown", "classify_source", "coco_records", "image_ids",
