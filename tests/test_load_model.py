@@ -421,3 +421,33 @@ def test_a_damaged_cached_file_with_a_known_hash_is_fetched_again(tmp_path, monk
     cached.write_bytes(b"\x00" * 100)
     with pytest.raises(CheckpointError, match=f"cached download that did not survive: delete {cached} and run again"):
         vitpose.load_model("test-damaged")
+
+
+# -- vitpose predict --model FILE alone: the file's skeleton flips, draws and writes -----------------
+
+@pytest.mark.parametrize("skeleton_name", ["k5", "coco_wholebody"])
+def test_predict_with_the_weights_file_alone_uses_its_skeleton(tmp_path, k5_skeleton, skeleton_name, capsys):
+    """`vitpose predict IMG --model FILE --detector full-frame --out D --json J` with no --config:
+    the flip test runs with the file's flip pairs, the drawing with its limbs (K=5: COCO's limbs
+    would be out of range; K=133: WholeBody's 65), and J has K keypoints per person."""
+    import cv2
+
+    from vitpose.cli import main
+
+    info = k5_skeleton if skeleton_name == "k5" else dataset_info("coco_wholebody")
+    model = tiny(len(info.keypoint_names), seed=3)
+    path = vitpose.save_weights(model, tmp_path / "model.safetensors",
+                                spec=spec_of_model(model, skeleton=skeleton_data(info)))
+    image = np.random.default_rng(0).integers(0, 255, (80, 60, 3), dtype=np.uint8)
+    cv2.imwrite(str(tmp_path / "img.png"), image)
+    status = main(["predict", str(tmp_path / "img.png"), "--model", str(path), "--detector", "full-frame",
+                   "--out", str(tmp_path / "drawn"), "--json", str(tmp_path / "poses.json"), "--precision", "fp32"])
+    assert status == 0, capsys.readouterr().err
+    records = json.loads((tmp_path / "poses.json").read_text())
+    assert len(records) == 1 and len(records[0]["keypoints"]) == 3 * len(info.keypoint_names)
+    drawn = cv2.imread(str(tmp_path / "drawn" / "img.png"))
+    assert drawn.shape == image.shape and (drawn != image).any()
+    expected = vitpose.Predictor(path, device="cpu", flip_test=True, precision="fp32")(image[..., ::-1].copy(),
+                                                                                        boxes=[[0, 0, 60, 80]])
+    np.testing.assert_allclose(np.array(records[0]["keypoints"]).reshape(-1, 3)[:, :2], expected.keypoints[0],
+                               rtol=0, atol=1e-3)
