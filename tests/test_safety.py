@@ -205,6 +205,42 @@ def test_predict_reads_and_draws_into_folders_whose_names_are_not_utf8(tmp_path,
     assert [r["file_name"] for r in records] == [os.fsdecode(NON_UTF8)] and len(records[0]["keypoints"]) == 51
 
 
+def test_predict_reads_and_draws_a_video_whose_names_are_not_utf8(tmp_path, coco_mini_dir):
+    """cv2.VideoCapture / VideoWriter on such names segfaulted (exit -11, nothing written)."""
+    checkpoint = tmp_path / "tiny.safetensors"
+    vitpose.save_weights(tiny_model(seed=11), checkpoint)
+    config = write_config(tmp_path, coco_mini_dir)
+    base = os.fsencode(tmp_path)
+    folder, out, results = (os.path.join(base, name) for name in (b"v\xeddeos \xff", b"dibujos \xfe", b"poses \xe9.json"))
+    os.mkdir(folder)
+    source = os.path.join(folder, b"clip \xff.avi")
+    writer = cv2.VideoWriter(str(tmp_path / "clip.avi"), cv2.VideoWriter_fourcc(*"MJPG"), FPS, SIZE)
+    for f in range(NUM_FRAMES):
+        writer.write(synthetic_frame(f))
+    writer.release()
+    os.rename(os.fsencode(tmp_path / "clip.avi"), source)
+    command = [sys.executable, "-m", "vitpose", "predict", source, "--model", os.fsencode(checkpoint),
+               "--config", os.fsencode(config), "--detector", "full-frame", "--no-flip", "--device", "cpu",
+               "--precision", "fp32", "--out", out, "--json", results]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+           "PYTHONIOENCODING": "utf-8:strict"}
+    proc = subprocess.run(command, capture_output=True, env=env, timeout=300)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr.decode(errors="replace")[-2000:])
+    assert os.listdir(out) == [b"clip \xff.mp4"]  # the source's stem; no temporary file left beside it
+    link = tmp_path / "drawn.mp4"  # read back through an ASCII name (the test's own OpenCV call)
+    os.symlink(os.path.join(out, b"clip \xff.mp4"), os.fsencode(link))
+    capture = cv2.VideoCapture(str(link))
+    decoded = 0
+    while capture.read()[0]:
+        decoded += 1
+    capture.release()
+    assert decoded == NUM_FRAMES
+    with open(results, "rb") as f:
+        records = [json.loads(line) for line in f.read().splitlines()]  # JSON Lines
+    assert sorted({r["frame"] for r in records}) == list(range(NUM_FRAMES))  # full-frame: one pose per frame
+    assert len(records) == NUM_FRAMES and all(len(r["keypoints"]) == 51 for r in records)
+
+
 # ---- item 3: --track / --smooth on a video with frames without people ---------------------------------------
 
 
