@@ -14,7 +14,9 @@
 - `read_image` / `write_image`: images are read with `np.fromfile` + `cv2.imdecode` and written with
   `cv2.imencode` + an atomic write, never through OpenCV's path functions, so any file name the OS
   allows (bytes that are not UTF-8 included: pass `bytes`, or the `str` that `os.fsdecode` makes
-  of them) works; OpenCV's `imread`/`imwrite` crash or fail on such names.
+  of them) works; OpenCV's `imread`/`imwrite` crash or fail on such names. Videos, which OpenCV
+  reads and writes only by path, go through `opencv_path`: an ASCII-named symbolic link to the
+  file when its name is not UTF-8.
 - Pixel limit: before decoding, the image's size is read from its header (PNG's IHDR, JPEG's SOF
   marker; Pillow's lazy header reading for other formats) and an image over the limit is refused
   (`ImageTooLargeError`, one line with the size, the limit and how to raise it). The limit is
@@ -40,7 +42,8 @@ from vitpose.errors import UserError
 
 __all__ = ["DEFAULT_MAX_PIXELS", "MAX_PIXELS_ENV", "ImageReadError", "ImageTooLargeError", "OutputPathError",
            "TEMP_SUFFIX", "atomic_file", "atomic_path", "check_output", "check_pixel_limit", "image_header_size",
-           "max_pixels_limit", "read_bytes", "read_image", "readable_mode", "replace_dir", "staged_files", "write_atomic",
+           "max_pixels_limit", "opencv_can_open", "opencv_path", "read_bytes", "read_image", "readable_mode",
+           "replace_dir", "staged_files", "write_atomic",
            "write_image"]
 
 TEMP_SUFFIX = ".tmp"  # temp files are `.NAME.XXXXXXXX.tmp` beside their target
@@ -63,6 +66,34 @@ class ImageTooLargeError(ImageReadError):
 def as_path(path) -> Path:
     """A Path of a str, bytes (any byte string the OS allows, kept through surrogateescape) or PathLike."""
     return Path(os.fsdecode(path)) if isinstance(path, bytes) else Path(path)
+
+
+def opencv_can_open(path) -> bool:
+    """Whether OpenCV's path functions take `path`: its str must encode as UTF-8 (a name that is
+    not UTF-8 holds surrogates after os.fsdecode, and cv2 crashes on them)."""
+    try:
+        str(as_path(path)).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def opencv_path(path):
+    """Yield a str naming the existing file `path` that OpenCV's path functions (VideoCapture,
+    VideoWriter) can take: `path` itself when its name is UTF-8, else a symbolic link with an
+    ASCII name in a new temporary folder (made with bytes, os.fsencode), removed afterwards."""
+    path = as_path(path)
+    if opencv_can_open(path):
+        yield str(path)
+        return
+    folder = tempfile.mkdtemp(prefix="vitpose-")
+    link = os.path.join(folder, "file" + (path.suffix if opencv_can_open(path.suffix) else ""))
+    try:
+        os.symlink(os.fsencode(path.absolute()), os.fsencode(link))
+        yield link
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ import math
 import os
 import queue
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -46,12 +47,13 @@ import cv2
 import numpy as np
 
 from vitpose.errors import UserError
+from vitpose.files import as_path, atomic_path, opencv_path
 from vitpose.inference.draw import draw_people
 from vitpose.inference.pipeline import VIDEO_SUFFIXES, ResultsFile, coco_records, read_boxes_file
 from vitpose.inference.results import Poses
 from vitpose.inference.tracking import DetectionSchedule, KeypointSmoother, Tracker
 
-__all__ = ["FrameReader", "VideoError", "VideoSummary", "check_video_file", "open_video_writer", "output_video_path",
+__all__ = ["FrameReader", "VideoError", "VideoFile", "VideoSummary", "check_video_file", "open_video_writer", "output_video_path",
            "run_video"]
 
 STAGES = ("decode", "detect", "crop", "pose", "decode heatmaps", "track", "draw", "write")
@@ -93,7 +95,11 @@ class FrameReader:
         self.name = f"webcam {source}" if self.webcam else str(source)
         if not self.webcam:
             check_video_file(Path(source))
-        self.capture = cv2.VideoCapture(source if self.webcam else str(source))
+        if self.webcam:
+            self.capture = cv2.VideoCapture(source)
+        else:  # a name that is not UTF-8 crashes OpenCV: through an ASCII-named link, removed once open
+            with opencv_path(source) as name:
+                self.capture = cv2.VideoCapture(name)
         if not self.capture.isOpened():
             self.capture.release()
             if self.webcam:
@@ -184,15 +190,47 @@ def output_video_path(out, source) -> Path:
     return out / f"{stem}.mp4"
 
 
-def open_video_writer(path: Path, fps: float, size) -> cv2.VideoWriter:
-    """An OpenCV writer (mp4v in .mp4/.mov/.m4v, MJPG in .avi, VP80 in .webm, XVID otherwise)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    suffix = path.suffix.lower()
-    fourcc = {".mp4": "mp4v", ".mov": "mp4v", ".m4v": "mp4v", ".avi": "MJPG", ".webm": "VP80"}.get(suffix, "XVID")
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*fourcc), float(fps), tuple(size))
-    if not writer.isOpened():
-        raise VideoError(f"--out: cannot write the video {path} (codec {fourcc}; is the folder writable?)")
-    return writer
+def open_video_writer(path: Path, fps: float, size) -> VideoFile:
+    """A `VideoFile` (mp4v in .mp4/.mov/.m4v, MJPG in .avi, VP80 in .webm, XVID otherwise)."""
+    return VideoFile(path, fps, size)
+
+
+class VideoFile:
+    """A video being written to `path`, with OpenCV's VideoWriter's `write(bgr)` and `release()`.
+
+    The frames go to an ASCII-named temporary file beside `path` (`.vitpose-video.XXXXXXXX.mp4`:
+    OpenCV picks the container by the suffix, and crashes on names that are not UTF-8; such a
+    folder is reached through `vitpose.files.opencv_path`'s link). `release()` closes it (OpenCV
+    writes the container's index: a playable file) and renames it over `path` with
+    `vitpose.files.atomic_path`'s rules (fsynced, the umask's mode, the folder fsynced). A run
+    stopped by SIGINT/SIGTERM releases it too, so the video it leaves plays up to the last frame."""
+
+    def __init__(self, path, fps: float, size):
+        self.path = as_path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        suffix = self.path.suffix.lower()
+        self.fourcc = {".mp4": "mp4v", ".mov": "mp4v", ".m4v": "mp4v", ".avi": "MJPG", ".webm": "VP80"}.get(suffix,
+                                                                                                       "XVID")
+        fd, self.staged = tempfile.mkstemp(prefix=".vitpose-video.", suffix=suffix if suffix.isascii() else ".mp4",
+                                           dir=self.path.parent)
+        os.close(fd)
+        with opencv_path(self.staged) as name:  # the writer has the file open once it is built
+            self.writer = cv2.VideoWriter(name, cv2.VideoWriter_fourcc(*self.fourcc), float(fps), tuple(size))
+        if not self.writer.isOpened():
+            self.writer.release()
+            os.unlink(self.staged)
+            raise VideoError(f"--out: cannot write the video {self.path} (codec {self.fourcc}; is the folder "
+                             f"writable?)")
+
+    def write(self, bgr: np.ndarray) -> None:
+        self.writer.write(bgr)
+
+    def release(self) -> None:
+        self.writer.release()
+        if not os.path.exists(self.staged):  # released before
+            return
+        with atomic_path(self.path) as target_tmp:
+            os.replace(self.staged, target_tmp)
 
 
 @dataclass
