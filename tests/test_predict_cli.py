@@ -291,3 +291,33 @@ def test_console_script_is_installed_by_pyproject():
     run = subprocess.run([sys.executable, "-m", "vitpose", "predict", "--help"], capture_output=True, text=True,
                          cwd=REPO, timeout=120, check=False)
     assert run.returncode == 0 and "--boxes" in run.stdout and "COCO keypoint results" in run.stdout
+
+
+def test_a_chunk_of_images_is_bounded_by_decoded_pixels(tmp_path, tiny, capsys, monkeypatch):
+    """#18.12: eight huge photos are not decoded at once: a chunk ends at --batch-images images or
+    at CHUNK_PIXELS decoded pixels. With a budget of one image, three images take three model
+    calls (and give the same records as one image per call)."""
+    config, checkpoint = tiny
+    write_images(tmp_path / "photos", ["a.png", "b.png", "c.png"])
+    calls = []
+    real_call = Predictor.__call__
+
+    def counting_call(self, images, *args, **kwargs):
+        calls.append(len(images))
+        return real_call(self, images, *args, **kwargs)
+
+    monkeypatch.setattr(Predictor, "__call__", counting_call)
+    common = [tmp_path / "photos", "--config", config, "--model", checkpoint, "--detector", "full-frame",
+              "--device", "cpu", "--precision", "fp32", "--batch-images", 1]
+    code, _, err = run_cli([*common, "--json", tmp_path / "one.jsonl"], capsys)
+    assert code == 0, err
+    single = read_records(tmp_path / "one.jsonl")
+    one_image = min(image.shape[0] * image.shape[1] for image in
+                    (cv2.imread(str(p)) for p in sorted((tmp_path / "photos").iterdir())))
+    monkeypatch.setattr(predict_cli, "CHUNK_PIXELS", one_image)
+    calls.clear()
+    common[-1] = 8
+    code, _, err = run_cli([*common, "--json", tmp_path / "bounded.jsonl"], capsys)
+    assert code == 0, err
+    assert calls == [1, 1, 1]  # not [3]: each image filled the pixel budget
+    assert read_records(tmp_path / "bounded.jsonl") == single

@@ -387,12 +387,39 @@ class _ImageRun:
                     self.failed.append(f"{name}: could not write {self.args.out / name} ({e})")
 
 
+# Decoded pixels held at once by one chunk of images (50 MP: 150 MB as BGR): a chunk ends at
+# --batch-images images or at this many pixels, whichever comes first, so a folder of 12000x9000
+# photos is done one image at a time instead of eight (one image alone is bounded by the pixel
+# limit of vitpose.files, read from its header before decoding).
+CHUNK_PIXELS = 50_000_000
+
+
+def _decode_chunk(queue, paths: list[Path], batch_images: int, failed: list[str]):
+    """The next images of `queue` (indices into `paths`), decoded, up to `batch_images` images or
+    CHUNK_PIXELS pixels -> (indices, BGR images, how many were taken incl. failures)."""
+    from vitpose.data.errors import DataError
+    from vitpose.data.image_io import load_image
+
+    chunk, images, taken, pixels = [], [], 0, 0
+    while len(chunk) < batch_images and pixels < CHUNK_PIXELS:
+        i = next(queue, None)
+        if i is None:
+            break
+        taken += 1
+        try:
+            image = load_image(paths[i])[0]  # BGR; missing, empty, truncated and oversized files raise
+        except DataError as e:
+            failed.append(str(e))
+            continue
+        chunk.append(i)
+        images.append(image)
+        pixels += image.shape[0] * image.shape[1]
+    return chunk, images, taken
+
+
 def predict_images(predictor, paths: list[Path], args, boxes=(None, None), stop=None) -> int:
     """Poses of image files, `args.batch_images` at a time; results, drawings and the summary."""
     from tqdm import tqdm
-
-    from vitpose.data.errors import DataError
-    from vitpose.data.image_io import load_image
 
     predictor.timer.reset()
     names = output_names(paths)
@@ -406,23 +433,21 @@ def predict_images(predictor, paths: list[Path], args, boxes=(None, None), stop=
     interrupted = False
     try:
         with tqdm(total=len(todo), unit="img", desc="predict", dynamic_ncols=True, file=sys.stderr) as bar:
-            for start in range(0, len(todo), args.batch_images):
+            queue = iter(todo)
+            while not interrupted:
                 if stop is not None and stop.event.is_set():
                     interrupted = True
                     break
-                chunk, images = [], []
                 with predictor.timer.stage("decode"):
-                    for i in todo[start:start + args.batch_images]:
-                        try:
-                            images.append(load_image(paths[i])[0])  # BGR; missing, empty and truncated files raise
-                            chunk.append(i)
-                        except DataError as e:
-                            state.failed.append(str(e))
+                    chunk, images, taken = _decode_chunk(queue, paths, args.batch_images, state.failed)
+                if not taken:
+                    break
                 given = None if table is None else [_boxes_of(table, key, names[i], state.ids[i]) for i in chunk]
-                for i, image, poses in zip(chunk, images, state.predict(images, given, [names[i] for i in chunk])):
+                found = state.predict(images, given, [names[i] for i in chunk]) if chunk else []
+                for i, image, poses in zip(chunk, images, found):
                     if poses is not None:
                         state.output(names[i], state.ids[i], image, poses)
-                bar.update(len(todo[start:start + args.batch_images]))
+                bar.update(taken)
     finally:
         where = _close_results(state, completed=not interrupted)
     print_summary(state, len(paths) - len(todo), where, interrupted, stop)
