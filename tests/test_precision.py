@@ -121,12 +121,18 @@ def test_accuracy_gate_on_a_briefly_trained_tiny_model(tmp_path):
         results = compare_precisions(model, batches, codec, evaluator, GATED)
     finally:
         torch.set_num_threads(threads)
+    # This set has few instances: one instance crossing one of COCOeval's 10 OKS thresholds moves AP
+    # by about 1 / (10 N). Two such crossings are allowed where that exceeds the gate (N ~ 40 here:
+    # 0.005; it happened under the AVX2 emulation, where training itself takes other kernels). The
+    # 0.002 gate proper is the demo model's below (N ~ 300: two crossings are 0.0007).
+    instances = len(evaluator.coco.getAnnIds(iscrowd=False))
+    tolerance = max(MAX_AP_DIFFERENCE, 2 / (10 * instances))
     for r in results:
         print(r.line())
         assert r.ap_fp32 > 0.3, r.line()  # trained: the comparison is between peaked heatmaps
         assert r.confident_keypoints > 100, r.line()
         assert r.max_px > 0, r.line()  # the reduced precision really ran (its keypoints moved)
-        assert abs(r.ap_difference) <= MAX_AP_DIFFERENCE, r.line()
+        assert abs(r.ap_difference) <= tolerance, r.line()
         assert r.median_px < 0.1, r.line()
 
 
