@@ -386,7 +386,7 @@ def test_det_every_runs_the_detector_on_every_nth_frame(predictor, video, tmp_pa
     """--det-every N: the detector on frames 0, N, 2N, ... (a person lost on carried boxes would
     add frames: the lost rule is off here), poses carry the people between; the summary counts it."""
     detector = CountingDetector()
-    args = options(tmp_path, det_every=every, det_lost_score=1e-9, track=True, pipeline="sequential")
+    args = options(tmp_path, det_every=every, det_lost_ratio=1e-9, track=True, pipeline="sequential")
     summary = run_video(with_detector(predictor, detector), str(video), args)
     expected = len(range(0, NUM_FRAMES, every))
     assert detector.frames == expected
@@ -400,10 +400,11 @@ def test_det_every_runs_the_detector_on_every_nth_frame(predictor, video, tmp_pa
 
 
 def test_det_every_detects_again_when_someone_is_lost(predictor, video, tmp_path):
-    """A carried person whose mean keypoint score is below det_lost_score sends that frame to the
-    detector: with a threshold no pose reaches, every frame is detected."""
+    """A carried person whose mean keypoint score falls below det_lost_ratio times their previous
+    frame's sends that frame to the detector: with a ratio of 2 no pose keeps up, so every frame
+    is detected."""
     detector = CountingDetector()
-    args = options(tmp_path, det_every=5, det_lost_score=2.0, pipeline="sequential")
+    args = options(tmp_path, det_every=5, det_lost_ratio=2.0, pipeline="sequential")
     summary = run_video(with_detector(predictor, detector), str(video), args)
     assert detector.frames == NUM_FRAMES and summary.detector_frames == NUM_FRAMES
 

@@ -95,7 +95,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--smooth", action="store_true", help="video: One-Euro filter on the keypoints")
     p.add_argument("--det-every", type=int, default=1, metavar="N",
                    help="video: run the detector on every N-th frame and carry people between on their previous "
-                        "poses (again at once when someone is lost; default: every frame)")
+                        "poses (again at once when someone's score halves; default: every frame)")
     p.add_argument("--no-flip", action="store_true", help="skip the flip test (about 2x faster)")
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: CUDA when available)")
     p.add_argument("--det-classes", nargs="+", default=None, metavar="CLASS",

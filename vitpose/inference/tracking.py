@@ -323,18 +323,21 @@ def boxes_from_keypoints(keypoints: np.ndarray, keypoint_scores: np.ndarray, ima
 class DetectionSchedule:
     """When to run the detector on a video (rtmlib's `det_frequency`, easy_ViTPose's `--yolo-step`):
     on every `every`-th frame, and between those on the boxes of the previous frame's poses
-    (`boxes_from_keypoints`). A person is lost when their mean keypoint score falls below
-    `min_mean_score` or their carried box has collapsed; then that frame is detected again.
+    (`boxes_from_keypoints`). A person is lost when their mean keypoint score on the carried box
+    falls below `lost_ratio` times their mean score on the frame before (the pose slipped off the
+    person: an absolute threshold would re-detect every frame where someone is merely occluded
+    or small), or their carried box has collapsed; then that frame is detected again.
 
     `boxes_for(index)` -> the carried boxes (M, 5: xyxy + the detector's score of the person) or
     None (run the detector); `update(poses, image_size)` after each frame; `lost(scores)` says
     whether a frame's poses on carried boxes need the detector after all."""
 
-    def __init__(self, every: int, min_mean_score: float = 0.3, min_box_side: float = 4.0):
+    def __init__(self, every: int, lost_ratio: float = 0.5, min_box_side: float = 4.0):
         if int(every) < 1:
             raise ValueError(f"--det-every must be >= 1, got {every}")
-        self.every, self.min_mean_score, self.min_box_side = int(every), min_mean_score, min_box_side
+        self.every, self.lost_ratio, self.min_box_side = int(every), lost_ratio, min_box_side
         self.carried: np.ndarray | None = None
+        self.carried_means = np.zeros(0)  # each carried person's mean keypoint score on the frame before
         self.detector_frames = 0
 
     def boxes_for(self, index: int) -> np.ndarray | None:
@@ -343,8 +346,11 @@ class DetectionSchedule:
         return self.carried
 
     def lost(self, keypoint_scores: np.ndarray) -> bool:
+        """Whether the poses found on the carried boxes (in their order) lost someone."""
         scores = np.asarray(keypoint_scores, np.float64).reshape(len(keypoint_scores), -1)
-        return bool(len(scores) == 0 or (scores.mean(axis=1) < self.min_mean_score).any())
+        if len(scores) == 0 or len(scores) != len(self.carried_means):
+            return True
+        return bool((scores.mean(axis=1) < self.lost_ratio * self.carried_means).any())
 
     def update(self, poses, image_size) -> None:
         """poses: a `Poses` (boxes, box_scores, keypoints, keypoint_scores) of the frame just done."""
@@ -354,3 +360,6 @@ class DetectionSchedule:
         keep = sides >= self.min_box_side
         scores = np.asarray(poses.box_scores, np.float32).reshape(-1)[keep]
         self.carried = np.concatenate([boxes[keep], scores[:, None]], axis=1)
+        means = np.asarray(poses.keypoint_scores, np.float64).reshape(len(poses), -1).mean(axis=1) if len(poses) \
+            else np.zeros(0)
+        self.carried_means = means[keep]

@@ -483,7 +483,7 @@ def _detection_schedule(args, boxes) -> DetectionSchedule | None:
         return None
     if boxes[0] is not None:
         raise UserError("--det-every with --boxes: the boxes file already gives every frame's people; leave one out")
-    return DetectionSchedule(int(every), min_mean_score=getattr(args, "det_lost_score", None) or 0.3)
+    return DetectionSchedule(int(every), lost_ratio=getattr(args, "det_lost_ratio", None) or 0.5)
 
 
 def _results_file(args, webcam: bool):
@@ -510,8 +510,8 @@ def run_video(predictor, source, args, stop: threading.Event | None = None) -> V
             True), `quiet` (no summary print), `keypoint_threshold` (drawing; default 0.3),
             `tracker_options` / `smooth_options` (dicts of `Tracker` / `KeypointSmoother` arguments),
             `det_every` (the detector on every N-th frame, poses carry people between) and
-            `det_lost_score` (a carried person whose mean keypoint score falls below it, default
-            0.3, makes that frame detect again).
+            `det_lost_ratio` (a carried person whose mean keypoint score falls below this share
+            of their previous frame's, default 0.5, makes that frame detect again).
         stop: an Event that ends the run cleanly after the frames in flight (SIGINT / SIGTERM).
     Returns:
         a `VideoSummary` (also printed to stderr unless `args.quiet`); a command returns its
