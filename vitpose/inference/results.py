@@ -44,7 +44,9 @@ class Poses:
     keypoints: (M, K, 2) float64 image pixels (x, y). keypoint_scores: (M, K) float32
     (heatmap maxima; ~0.3 is a usual display threshold).
     frame: the frame index in its video (None for an image). track_ids: (M,) int identities
-    across frames (set by tracking; None otherwise).
+    across frames (set by tracking; None otherwise). follows: (M,) int, for people carried from
+    the frame before on their poses (`--det-every`), each one's index in that frame's `Poses`
+    (None when the detector found them).
     """
 
     boxes: np.ndarray
@@ -53,6 +55,7 @@ class Poses:
     keypoint_scores: np.ndarray
     frame: int | None = None
     track_ids: np.ndarray | None = None
+    follows: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.boxes)

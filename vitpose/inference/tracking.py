@@ -21,8 +21,8 @@ import numpy as np
 
 from vitpose.coco_meta import SIGMAS
 
-__all__ = ["DetectionSchedule", "KeypointSmoother", "OneEuroFilter", "Tracker", "box_iou", "boxes_from_keypoints",
-           "keypoint_oks"]
+__all__ = ["DetectionSchedule", "KeypointSmoother", "OneEuroFilter", "Tracker", "box_iou", "keypoint_motion",
+           "keypoint_oks", "move_box"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -105,13 +105,16 @@ class Tracker:
             counted.
         sigmas: per-keypoint OKS sigmas (default COCO-17's).
 
-    `update(boxes, keypoints=None, keypoint_scores=None, frame=None) -> ids (D,) int64`: call once
-    per frame in order; a frame with nobody (D = 0, e.g. boxes (0, 4), keypoints (0, K, 2) or [])
-    returns no ids and ages the tracks. `frame` is the frame index (default: the previous one + 1); frames that
-    were skipped (corrupt or not decoded) count towards a track's age. Ids start at 0 and are
-    never reused. Association: every (track, detection) pair is scored against the track moved by
-    its velocity to this frame; pairs are taken from the best down (ties: lower track index, then
-    lower detection index) while both are free and the score is at least `min_similarity`.
+    `update(boxes, keypoints=None, keypoint_scores=None, frame=None, follows=None) -> ids (D,) int64`:
+    call once per frame in order; a frame with nobody (D = 0, e.g. boxes (0, 4), keypoints (0, K, 2)
+    or []) returns no ids and ages the tracks. `frame` is the frame index (default: the previous one
+    + 1); frames that were skipped (corrupt or not decoded) count towards a track's age. Ids start at
+    0 and are never reused. `follows` (D,) says, where known, that detection d is the same person
+    as detection follows[d] of the previous `update` (-1: not known), as `--det-every` knows of the
+    people it carried on their poses: those continue that track whatever the similarity. The others
+    are associated: every (track, detection) pair is scored against the track moved by its velocity
+    to this frame; pairs are taken from the best down (ties: lower track index, then lower
+    detection index) while both are free and the score is at least `min_similarity`.
     """
 
     def __init__(self, max_age: int = 5, min_similarity: float = 0.3, metric: str = "iou",
@@ -131,8 +134,10 @@ class Tracker:
         self.tracks: list[_Track] = []
         self.next_id = 0
         self.frame = -1
+        self.last_ids = np.zeros(0, np.int64)  # the ids the previous update returned
 
-    def update(self, boxes, keypoints=None, keypoint_scores=None, frame: int | None = None) -> np.ndarray:
+    def update(self, boxes, keypoints=None, keypoint_scores=None, frame: int | None = None,
+               follows=None) -> np.ndarray:
         boxes = np.asarray(boxes, np.float64).reshape(-1, 4)
         frame = self.frame + 1 if frame is None else int(frame)
         if frame <= self.frame:
@@ -153,8 +158,12 @@ class Tracker:
 
         similarity = self._similarity(boxes, keypoints, keypoint_scores, frame)
         ids = np.full(len(boxes), -1, np.int64)
-        order = np.argsort(-similarity, axis=None, kind="stable")
         used_tracks = set()
+        for d, t in self._followed(follows, len(boxes)):
+            used_tracks.add(t)
+            ids[d] = self.tracks[t].track_id
+            self._continue(self.tracks[t], boxes[d], keypoints, keypoint_scores, d, frame)
+        order = np.argsort(-similarity, axis=None, kind="stable")
         for flat in order:
             t, d = divmod(int(flat), len(boxes))
             if similarity[t, d] < self.min_similarity:
@@ -166,7 +175,26 @@ class Tracker:
             self._continue(self.tracks[t], boxes[d], keypoints, keypoint_scores, d, frame)
         for d in np.nonzero(ids < 0)[0]:
             ids[d] = self._start(boxes[d], keypoints, keypoint_scores, d, frame)
+        self.last_ids = ids.copy()
         return ids
+
+    def _followed(self, follows, count: int) -> list[tuple[int, int]]:
+        """(detection, track index) pairs that `follows` names: tracks of the previous update that are alive."""
+        if follows is None:
+            return []
+        follows = np.asarray(follows, np.int64).reshape(-1)
+        if len(follows) != count:
+            raise ValueError(f"follows names {len(follows)} detections, the frame has {count}")
+        index_of = {track.track_id: t for t, track in enumerate(self.tracks)}
+        pairs, taken = [], set()
+        for d, previous in enumerate(follows.tolist()):
+            if not 0 <= previous < len(self.last_ids):
+                continue
+            t = index_of.get(int(self.last_ids[previous]))
+            if t is not None and t not in taken:
+                taken.add(t)
+                pairs.append((d, t))
+        return pairs
 
     def _similarity(self, boxes, keypoints, keypoint_scores, frame) -> np.ndarray:
         if not self.tracks or not len(boxes):
@@ -303,41 +331,67 @@ class KeypointSmoother:
 # Detection every N frames (`--det-every N`)
 
 
-def boxes_from_keypoints(keypoints: np.ndarray, keypoint_scores: np.ndarray, image_size,
-                         min_score: float = 0.3, expansion: float = 1.25) -> np.ndarray:
-    """Person boxes for the next frame from this frame's poses: the extent of each person's
-    keypoints scored above `min_score` (all of them when fewer than two are), grown `expansion`
-    times about its centre (a detector's box reaches past the joints: head top, feet, hands) and
-    clipped to the image (w, h). (M, K, 2), (M, K) -> (M, 4) float32 xyxy."""
-    boxes = np.zeros((len(keypoints), 4), np.float32)
-    w, h = image_size
-    for m, (points, scores) in enumerate(zip(np.asarray(keypoints, np.float64), np.asarray(keypoint_scores))):
-        confident = points[np.asarray(scores) > min_score]
-        points = confident if len(confident) >= 2 else points
-        low, high = points.min(axis=0), points.max(axis=0)
-        centre, half = (low + high) / 2, (high - low) * expansion / 2
-        boxes[m] = np.clip(np.concatenate([centre - half, centre + half]), 0, [w, h, w, h])
-    return boxes
+def keypoint_motion(before: np.ndarray, before_scores, after: np.ndarray, after_scores,
+                    min_score: float = 0.3) -> tuple[np.ndarray, np.ndarray, float]:
+    """How one person's keypoints moved between two frames: (centre before (2,), centre after
+    (2,), scale) of the similarity p_after ~ centre_after + scale * (p_before - centre_before).
+
+    The keypoints scored above `min_score` in both frames count: centres are their means, scale
+    the ratio of their RMS spreads about them, clipped to [0.9, 1.1] per frame (someone walking
+    towards a camera at 30 frames/s grows ~1.5% a frame; a bigger ratio is a keypoint that jumped). With
+    fewer than two such keypoints, all keypoints count, the move is their median displacement
+    (robust to the unconfident ones that jump) and the scale 1."""
+    before, after = np.asarray(before, np.float64), np.asarray(after, np.float64)
+    both = (np.asarray(before_scores) > min_score) & (np.asarray(after_scores) > min_score)
+    if both.sum() < 2:
+        centre = np.median(before, axis=0)
+        return centre, centre + np.median(after - before, axis=0), 1.0
+    before, after = before[both], after[both]
+    centre_before, centre_after = before.mean(axis=0), after.mean(axis=0)
+    spread_before = np.sqrt(((before - centre_before) ** 2).sum(-1).mean())
+    spread_after = np.sqrt(((after - centre_after) ** 2).sum(-1).mean())
+    scale = float(np.clip(spread_after / spread_before, 0.9, 1.1)) if spread_before > 0 else 1.0
+    return centre_before, centre_after, scale
+
+
+def move_box(box: np.ndarray, centre_from: np.ndarray, centre_to: np.ndarray, scale: float) -> np.ndarray:
+    """The xyxy box under the similarity p -> centre_to + scale * (p - centre_from)."""
+    corners = np.asarray(box, np.float64).reshape(2, 2)
+    return (centre_to + scale * (corners - centre_from)).reshape(4)
 
 
 class DetectionSchedule:
-    """When to run the detector on a video (rtmlib's `det_frequency`, easy_ViTPose's `--yolo-step`):
-    on every `every`-th frame, and between those on the boxes of the previous frame's poses
-    (`boxes_from_keypoints`). A person is lost when their mean keypoint score on the carried box
-    falls below `lost_ratio` times their mean score on the frame before (the pose slipped off the
-    person: an absolute threshold would re-detect every frame where someone is merely occluded
-    or small), or their carried box has collapsed; then that frame is detected again.
+    """When to run the detector on a video (rtmlib's `det_frequency`, easy_ViTPose's `--yolo-step`),
+    and who each carried person is.
 
-    `boxes_for(index)` -> the carried boxes (M, 5: xyxy + the detector's score of the person) or
-    None (run the detector); `update(poses, image_size)` after each frame; `lost(scores)` says
-    whether a frame's poses on carried boxes need the detector after all."""
+    The detector runs on every `every`-th frame; on the frames between, each person of the frame
+    before is looked for again on a carried box: their box moved the way their keypoints moved
+    (`keypoint_motion`: translation and scale, applied once to fit this frame and once more as
+    a constant-velocity guess for the next one). A box moved with the pose keeps the detector's
+    shape: the keypoints' own extent (rtmlib's `pose_to_bbox`) shrinks to the confident joints
+    when a model is unsure of the legs or the feet, and the pose on a shrunken box is worse again.
+    A person is lost when their mean keypoint score on the carried box falls below `lost_ratio`
+    times their mean score on the frame before (the pose slipped off the person: an absolute
+    threshold would re-detect every frame where someone is merely occluded or small), or when the
+    carried box, clipped to the image, is under `min_box_side` pixels (they left the frame); then
+    that frame is detected again.
 
-    def __init__(self, every: int, lost_ratio: float = 0.5, min_box_side: float = 4.0):
+    `boxes_for(index)` -> the carried boxes (M, 5: xyxy clipped to the image + the detector's score
+    of the person) or None (run the detector); `lost(scores)` says whether a frame's poses on the
+    carried boxes need the detector after all; `update(poses, image_size, carried=)` after each
+    frame. `carried_from` (M,) gives, for each carried box, the person's index in the poses of the
+    frame before: the same person by construction, so the tracker keeps their id
+    (`Tracker.update(follows=...)`) however the carried box overlaps the detector's."""
+
+    def __init__(self, every: int, lost_ratio: float = 0.5, min_box_side: float = 4.0, min_score: float = 0.3):
         if int(every) < 1:
             raise ValueError(f"--det-every must be >= 1, got {every}")
-        self.every, self.lost_ratio, self.min_box_side = int(every), lost_ratio, min_box_side
+        self.every, self.lost_ratio, self.min_box_side, self.min_score = int(every), lost_ratio, min_box_side, min_score
         self.carried: np.ndarray | None = None
+        self.carried_from = np.zeros(0, np.int64)
         self.carried_means = np.zeros(0)  # each carried person's mean keypoint score on the frame before
+        self._fitted = np.zeros((0, 4))  # each carried person's box on the frame before (not clipped)
+        self._keypoints = self._scores = None  # their keypoints and scores on the frame before
         self.detector_frames = 0
 
     def boxes_for(self, index: int) -> np.ndarray | None:
@@ -352,14 +406,28 @@ class DetectionSchedule:
             return True
         return bool((scores.mean(axis=1) < self.lost_ratio * self.carried_means).any())
 
-    def update(self, poses, image_size) -> None:
-        """poses: a `Poses` (boxes, box_scores, keypoints, keypoint_scores) of the frame just done."""
-        boxes = boxes_from_keypoints(poses.keypoints, poses.keypoint_scores, image_size) if len(poses) else \
-            np.zeros((0, 4), np.float32)
-        sides = np.minimum(boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1])
-        keep = sides >= self.min_box_side
-        scores = np.asarray(poses.box_scores, np.float32).reshape(-1)[keep]
-        self.carried = np.concatenate([boxes[keep], scores[:, None]], axis=1)
-        means = np.asarray(poses.keypoint_scores, np.float64).reshape(len(poses), -1).mean(axis=1) if len(poses) \
-            else np.zeros(0)
-        self.carried_means = means[keep]
+    def update(self, poses, image_size, carried: bool = False) -> None:
+        """poses: a `Poses` (boxes, box_scores, keypoints, keypoint_scores) of the frame just done;
+        carried: whether they were found on `self.carried` (in its order), else on the detector's boxes."""
+        count = len(poses)
+        keypoints = np.asarray(poses.keypoints, np.float64)
+        scores = np.asarray(poses.keypoint_scores, np.float64)
+        if not count:  # nobody: (0, K, 2), (0, 0, 2) or []
+            keypoints, scores = np.zeros((0, 0, 2)), np.zeros((0, 0))
+        fitted = np.asarray(poses.boxes, np.float64).reshape(count, 4).copy()
+        following = fitted.copy()
+        if carried:
+            for m in range(count):
+                centre_from, centre_to, scale = keypoint_motion(self._keypoints[m], self._scores[m], keypoints[m],
+                                                                scores[m], self.min_score)
+                fitted[m] = move_box(self._fitted[m], centre_from, centre_to, scale)
+                following[m] = move_box(fitted[m], centre_to, 2 * centre_to - centre_from, scale)
+        w, h = image_size
+        following = np.clip(following, 0, [w, h, w, h])
+        sides = np.minimum(following[:, 2] - following[:, 0], following[:, 3] - following[:, 1])
+        keep = np.nonzero(sides >= self.min_box_side)[0]
+        box_scores = np.asarray(poses.box_scores, np.float32).reshape(-1)[keep]
+        self.carried = np.concatenate([following[keep].astype(np.float32), box_scores[:, None]], axis=1)
+        self.carried_from = keep
+        self.carried_means = scores[keep].mean(axis=1) if count else np.zeros(0)
+        self._fitted, self._keypoints, self._scores = fitted[keep], keypoints[keep], scores[keep]

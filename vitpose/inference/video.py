@@ -356,7 +356,8 @@ class _Writer:
         if self.tracker is None:
             return
         with self.timer.stage("track"):
-            ids = self.tracker.update(poses.boxes, poses.keypoints, poses.keypoint_scores, frame=poses.frame)
+            ids = self.tracker.update(poses.boxes, poses.keypoints, poses.keypoint_scores, frame=poses.frame,
+                                      follows=poses.follows)
             if self.smoother is not None and len(ids):
                 poses.keypoints = self.smoother.smooth(ids, poses.keypoints, poses.frame)
             if self.report_ids:
@@ -447,6 +448,7 @@ def _predict_followed(predictor, frame: Frame, schedule: DetectionSchedule, fail
         poses = None
         if carried is not None:
             poses = predictor([frame.bgr], boxes=[carried], channels="bgr")[0]
+            poses.follows = schedule.carried_from.copy()
         if poses is None or schedule.lost(poses.keypoint_scores):
             schedule.detector_frames += 1
             poses = predictor([frame.bgr], channels="bgr")[0]
@@ -455,7 +457,7 @@ def _predict_followed(predictor, frame: Frame, schedule: DetectionSchedule, fail
         schedule.carried = None  # detect on the next frame
         return frame, None
     poses.frame = frame.index
-    schedule.update(poses, (frame.bgr.shape[1], frame.bgr.shape[0]))
+    schedule.update(poses, (frame.bgr.shape[1], frame.bgr.shape[0]), carried=poses.follows is not None)
     return frame, poses
 
 
