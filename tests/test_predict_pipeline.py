@@ -375,3 +375,26 @@ def test_results_file_keeps_nothing_in_memory_and_resumes_after_a_torn_line(tmp_
     with pytest.raises(UserError, match="is one JSON list; --resume continues JSON Lines"):
         ResultsFile(listed, "frame", resume=True)
     assert json.loads(listed.read_text()) == [{"frame": 0}]  # untouched
+
+
+def test_boxes_per_forward_pass_default_by_device_and_as_given(tiny):
+    """Without --batch-size a CPU predictor runs 8 boxes (16 crops with the flip test) per forward
+    pass (BENCHMARKS.md: per crop a CPU forward is slowest at 64-128 crops); 20 boxes are then 3
+    passes, and a given batch_size is kept (20 boxes at 32: one pass)."""
+    from vitpose.device import default_batch_size
+
+    assert default_batch_size("cpu") == 8 and default_batch_size(torch.device("cuda", 0)) == 32
+    boxes = np.array([[10.0 + i, 5.0, 40.0 + i, 45.0] for i in range(20)])
+    image = np.zeros((60, 80, 3), np.uint8)
+    for given, passes in ((None, 3), (32, 1)):
+        predictor = Predictor(str(tiny[1]), device="cpu", batch_size=given)
+        assert predictor.batch_size == (8 if given is None else given)
+        sizes = []
+        run = predictor.run_network
+        predictor.run_network = lambda crops: (sizes.append(len(crops)), run(crops))[1]
+        predictor.predict(image, boxes)
+        assert len(sizes) == passes and sum(sizes) == 20
+    from vitpose.cli import build_parser
+
+    # the CLI leaves the choice to the predictor's device rule
+    assert build_parser().parse_args(["predict", "x.jpg"]).batch_size is None

@@ -30,6 +30,19 @@ def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
     return device
 
 
+# Person crops per forward pass of `Predictor` when the caller does not say (`--batch-size`).
+# On a CPU a ViT forward is fastest per crop at 8-32 crops and ~20-30% slower at 64-128 (the
+# activations of a big batch leave the caches; benchmarks/BENCHMARKS.md "Crops per forward pass"),
+# and the flip test doubles the batch: 8 boxes = 16 crops. A GPU wants large batches.
+DEFAULT_BOXES_PER_PASS = {"cpu": 8, "cuda": 32}
+
+
+def default_batch_size(device) -> int:
+    """Boxes per forward pass of the pose model on `device` (a torch.device or its type name)."""
+    kind = device if isinstance(device, str) else torch.device(device).type
+    return DEFAULT_BOXES_PER_PASS.get(kind, 32)
+
+
 # ----------------------------------------------------------------------------------------------
 # Numeric precision of inference: one rule for `vitpose predict`, evaluation and `Predictor`.
 

@@ -105,7 +105,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="auto (default): bf16 on a CPU with AVX512-BF16 or AMX, fp16 on CUDA, else fp32 "
                         "(AP within 0.002 of fp32: BENCHMARKS.md)")
     p.add_argument("--batch-images", type=int, default=8, help="images per model call (default: %(default)s)")
-    p.add_argument("--batch-size", type=int, default=32, help="person crops per forward pass (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="person boxes per forward pass, doubled by the flip test (default: 8 on a CPU, 32 on a GPU)")
     p.add_argument("--keypoint-threshold", type=float, default=0.3,
                    help="drawing: keypoints with a lower score are not drawn (default: %(default)s)")
     p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
@@ -252,7 +253,7 @@ def build_predictor(args):
 def _check_flags(args) -> None:
     if args.batch_images < 1:
         raise UsageError(f"--batch-images must be >= 1, got {args.batch_images}")
-    if args.batch_size < 1:
+    if args.batch_size is not None and args.batch_size < 1:
         raise UsageError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.det_every < 1:
         raise UsageError(f"--det-every must be >= 1 (1 = the detector on every frame), got {args.det_every}")

@@ -23,7 +23,7 @@ import torch
 
 from vitpose.codecs.udp import UDPHeatmap
 from vitpose.data.transforms import crop_geometry
-from vitpose.device import resolve_device, resolve_precision
+from vitpose.device import default_batch_size, resolve_device, resolve_precision
 from vitpose.inference.pipeline import TopDown
 from vitpose.inference.results import Poses, StageTimer
 from vitpose.inference.warp import warp_affine_uint8
@@ -47,7 +47,8 @@ class Predictor(TopDown):
         precision: "auto" | "fp32" | "bf16" | "fp16" instead of `amp_dtype`
             (`vitpose.device.resolve_precision`: auto = bf16 on a CPU with AVX512-BF16 or AMX, fp16
             on CUDA, else fp32). None (default) = `amp_dtype`, i.e. fp32 unless given.
-        batch_size: boxes per forward pass.
+        batch_size: boxes per forward pass (the flip test doubles it); None (default): 8 on a CPU,
+            32 on a GPU (`vitpose.device.default_batch_size`).
         flip_indices: left/right order of the flip test (default: the skeleton's).
         detector: the person detector `predictor(image)` uses: a callable
             `(images, channels) -> [vitpose.inference.detect.Detections]` (e.g. `vitpose.inference.detect.PersonDetector`,
@@ -67,8 +68,9 @@ class Predictor(TopDown):
     Boxes are used as given (no clipping), like detector boxes in MMPose.
     """
 
-    def __init__(self, model, device=None, flip_test: bool = True, codec=None, amp_dtype=None, batch_size: int = 32,
-                 flip_indices: Sequence[int] | None = None, detector=None, skeleton=None, precision: str | None = None):
+    def __init__(self, model, device=None, flip_test: bool = True, codec=None, amp_dtype=None,
+                 batch_size: int | None = None, flip_indices: Sequence[int] | None = None, detector=None,
+                 skeleton=None, precision: str | None = None):
         from vitpose.builders import load_model
 
         if isinstance(model, (str, Path)):
@@ -89,7 +91,7 @@ class Predictor(TopDown):
         self.codec = codec if codec is not None else spec.build_codec() if spec is not None else UDPHeatmap()
         self.flip_test = bool(flip_test)
         self.amp_dtype = amp_dtype
-        self.batch_size = int(batch_size)
+        self.batch_size = default_batch_size(self.device) if batch_size is None else int(batch_size)
         self.flip_indices = list(self.skeleton.flip_indices if flip_indices is None else flip_indices)
         self.detector = detector
         self.timer = StageTimer()
