@@ -226,6 +226,13 @@ def write_config(tmp_path, coco_mini_dir, name="vitpose-s", bbox_file="test_coco
     return path
 
 
+def write_tiny_model(root, coco_mini_dir, seed=11):
+    """A tiny model's weights file and a config (the project's format) for it: (config, weights)."""
+    checkpoint = root / "tiny.safetensors"
+    vitpose.save_weights(tiny_model(seed=seed), checkpoint)
+    return write_config(root, coco_mini_dir), checkpoint
+
+
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory):
     path = tmp_path_factory.mktemp("ckpt") / "tiny.safetensors"

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import REPO
-from test_evaluate import load_cli, tiny_model, write_config
+from test_evaluate import load_cli, tiny_model, write_tiny_model
 
 import vitpose
 from vitpose.cli import build_parser, main
@@ -36,10 +36,7 @@ DETECTIONS = "test_coco_det_AP_H_56.json"
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory, coco_mini_dir):
     """A tiny model's config (the project's config format) and random weights."""
-    root = tmp_path_factory.mktemp("tiny")
-    checkpoint = root / "tiny.safetensors"
-    vitpose.save_weights(tiny_model(seed=11), checkpoint)
-    return write_config(root, coco_mini_dir), checkpoint
+    return write_tiny_model(tmp_path_factory.mktemp("tiny"), coco_mini_dir, seed=11)
 
 
 def run_cli(argv, capsys):

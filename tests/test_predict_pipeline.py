@@ -17,9 +17,8 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from test_evaluate import tiny_model, write_config
+from test_evaluate import tiny_model, write_tiny_model
 
-import vitpose
 from vitpose.cli import main
 from vitpose.cli import predict as predict_cli
 from vitpose.errors import UserError
@@ -41,10 +40,7 @@ def strict_records(path):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory, coco_mini_dir):
-    root = tmp_path_factory.mktemp("tiny")
-    checkpoint = root / "tiny.safetensors"
-    vitpose.save_weights(tiny_model(seed=5), checkpoint)
-    return write_config(root, coco_mini_dir), checkpoint
+    return write_tiny_model(tmp_path_factory.mktemp("tiny"), coco_mini_dir, seed=5)
 
 
 def cli(tmp, tiny, *argv, capsys=None):

@@ -23,7 +23,7 @@ import cv2
 import numpy as np
 import pytest
 from conftest import REPO
-from test_evaluate import load_cli, tiny_model, write_config
+from test_evaluate import load_cli, tiny_model, write_config, write_tiny_model
 from test_video import FIGURE, FPS, NUM_FRAMES, SIZE, blob_detector, options, predictor, synthetic_frame  # noqa: F401 (a fixture)
 
 import vitpose
@@ -181,9 +181,7 @@ def test_read_and_write_images_with_a_name_that_is_not_utf8(tmp_path):
 
 def test_predict_reads_and_draws_into_folders_whose_names_are_not_utf8(tmp_path, coco_mini_dir):
     """On OpenCV's path functions this segfaulted (exit -11, nothing written)."""
-    checkpoint = tmp_path / "tiny.safetensors"
-    vitpose.save_weights(tiny_model(seed=11), checkpoint)
-    config = write_config(tmp_path, coco_mini_dir)
+    config, checkpoint = write_tiny_model(tmp_path, coco_mini_dir, seed=11)
     base = os.fsencode(tmp_path)
     source, out, results = (os.path.join(base, name) for name in (b"fotos \xff", b"dibujos \xfe", b"poses \xe9.json"))
     os.mkdir(source)
@@ -209,9 +207,7 @@ def test_predict_reads_and_draws_into_folders_whose_names_are_not_utf8(tmp_path,
 
 def test_predict_reads_and_draws_a_video_whose_names_are_not_utf8(tmp_path, coco_mini_dir):
     """cv2.VideoCapture / VideoWriter on such names segfaulted (exit -11, nothing written)."""
-    checkpoint = tmp_path / "tiny.safetensors"
-    vitpose.save_weights(tiny_model(seed=11), checkpoint)
-    config = write_config(tmp_path, coco_mini_dir)
+    config, checkpoint = write_tiny_model(tmp_path, coco_mini_dir, seed=11)
     base = os.fsencode(tmp_path)
     folder, out, results = (os.path.join(base, name) for name in (b"v\xeddeos \xff", b"dibujos \xfe", b"poses \xe9.json"))
     os.mkdir(folder)
@@ -275,9 +271,7 @@ def test_peak_memory_on_a_3000_frame_video_is_within_10_percent_of_a_300_frame_o
     more than 10% of the ~875 MiB a run takes (torch, the model). Records kept in memory (~2.2 KB
     per pose, 6 MB here) would stay under the 10% and are not what this catches. Slow: ~2 min
     on 2 cores (300 frames ~16 s, 3000 frames ~100 s)."""
-    checkpoint = tmp_path / "tiny.safetensors"
-    vitpose.save_weights(tiny_model(seed=5), checkpoint)
-    config = write_config(tmp_path, coco_mini_dir)
+    config, checkpoint = write_tiny_model(tmp_path, coco_mini_dir, seed=5)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     peaks = {}
     for frames in (300, 3000):
@@ -362,9 +356,7 @@ def test_the_pixel_limit_is_read_from_each_format_and_can_be_raised(tmp_path, mo
 def test_predict_skips_and_counts_an_image_over_the_limit(tmp_path, coco_mini_dir, capsys):
     from vitpose.cli import main
 
-    checkpoint = tmp_path / "tiny.safetensors"
-    vitpose.save_weights(tiny_model(seed=11), checkpoint)
-    config = write_config(tmp_path, coco_mini_dir)
+    config, checkpoint = write_tiny_model(tmp_path, coco_mini_dir, seed=11)
     folder = tmp_path / "photos"
     folder.mkdir()
     files.write_image(folder / "good.png", np.full((64, 48, 3), 90, np.uint8))
