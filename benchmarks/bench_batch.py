@@ -25,8 +25,8 @@ sys.path.insert(0, str(REPO))
 
 from rounds import alternate, load_note, ratios, spread, warm_up  # noqa: E402
 
-from vitpose.models.vitpose import build_model  # noqa: E402
 from vitpose.device import resolve_precision  # noqa: E402
+from vitpose.models.vitpose import build_model  # noqa: E402
 
 
 def main(argv=None) -> None:
