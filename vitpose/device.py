@@ -120,3 +120,55 @@ def resolve_precision(precision: str, device) -> torch.dtype | None:
 def precision_name(dtype: torch.dtype | None) -> str:
     """torch.bfloat16 -> "bf16", torch.float16 -> "fp16", None -> "fp32" (for logs and reports)."""
     return {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+
+
+# ----------------------------------------------------------------------------------------------
+# The C allocator of CPU runs.
+
+# mallopt(3) parameter numbers (glibc's malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
+# Freed memory glibc keeps at the top of the heap before it gives it back to the system: above the
+# memory a forward pass frees at once (ViTPose-S: ~0.9 GB peak RSS at 16 crops, ~1.5 GB at 64), so a
+# steady job keeps its pages instead of returning and re-faulting them each pass.
+KEEP_FREED_BYTES = 1 << 30
+_ALLOCATOR_VARIABLES = ("MALLOC_MMAP_MAX_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
+_allocator_tuned = False
+
+
+def tune_cpu_allocator() -> bool:
+    """Make glibc's malloc keep the memory a forward pass frees for the next one; True when done.
+
+    Why: torch allocates every activation of an eager CPU forward afresh. glibc serves the big
+    ones (MBs) with mmap, or trims them off the heap once freed, so the next pass page-faults all
+    of it back in: 135k minor faults and 0.4 s of system time per ViTPose-S pass at 16 crops, 750k
+    at 64; tuned, none, and the pass takes 0.83x / 0.77x the time (benchmarks/bench_allocator.py;
+    BENCHMARKS.md "CPU allocator"). The cost: the process keeps its peak memory (1.5 GB against
+    1.2 GB peak RSS at 64 crops). Intel's tuning guide for PyTorch on CPUs gives the same advice
+    with jemalloc/tcmalloc; this needs no preloaded library.
+
+    Process-wide, so the command lines call it (`vitpose predict`, evaluate.py on a CPU) and the
+    Python API leaves it to the caller. Does nothing (False) off glibc, under a preloaded
+    allocator (LD_PRELOAD), or when the user set glibc's own variables (MALLOC_*_, GLIBC_TUNABLES
+    malloc tunables): their choice stands.
+    """
+    import ctypes
+    import os
+    import platform
+    import sys
+
+    global _allocator_tuned
+    if _allocator_tuned:
+        return True
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        return False
+    if any(name in os.environ for name in _ALLOCATOR_VARIABLES) or "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):
+        return False
+    if any(name in os.environ.get("LD_PRELOAD", "") for name in ("jemalloc", "tcmalloc", "mimalloc")):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    # The trim threshold first: setting it also stops glibc moving its thresholds by itself.
+    _allocator_tuned = bool(libc.mallopt(_M_TRIM_THRESHOLD, KEEP_FREED_BYTES)) and bool(libc.mallopt(_M_MMAP_MAX, 0))
+    return _allocator_tuned
