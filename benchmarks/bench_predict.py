@@ -43,6 +43,12 @@ instrumented pass (timers around each stage's function; MMPose's "other" is infe
 own overhead: per-box pipeline dicts, collation, data samples). Keypoints are compared box by box
 against ours (max |diff| in image pixels, and the share of keypoints within 0.01 px).
 
+Allocator: ours runs as `vitpose predict` does on a CPU, after `vitpose.device.tune_cpu_allocator()`
+(glibc's malloc keeps freed pages; benchmarks/bench_allocator.py); `--default-allocator` leaves
+glibc as it comes. The peers run with glibc's defaults, as their users get them; `--tune-peers`
+gives their process the same setting (by glibc's environment variables), which separates the
+allocator from the code. `--control` with the default allocator for the peers times ours untuned.
+
 `--control` also times ours (Predictor.predict) inside the peers' process, in their venv: it
 separates the implementations from the process they run in (same torch version in both venvs).
 
@@ -79,6 +85,7 @@ from rounds import alternate, load_note, ratios, spread, warm_up
 from safetensors.torch import save_file
 
 from vitpose.data.geometry import bbox_xywh2xyxy
+from vitpose.device import KEEP_FREED_BYTES, tune_cpu_allocator
 from vitpose.inference.predictor import Predictor
 from vitpose.inference.results import StageTimer
 from vitpose.models.checkpoint import load_weights
@@ -443,6 +450,8 @@ class Peers:
                     batch_size=args.batch_size, control=args.control,
                     hf_backbone=dict(hidden=size["embed_dim"], depth=size["depth"], heads=size["num_heads"]))
         env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+        if args.tune_peers:  # glibc's variables for what tune_cpu_allocator() sets with mallopt
+            env.update(MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_=str(KEEP_FREED_BYTES))
         self.log = open(folder / "peers.log", "w+")
         self.proc = subprocess.Popen([str(MMPOSE_PY), "-c", PEERS_SCRIPT, json.dumps(spec)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
@@ -593,6 +602,12 @@ def main():
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument("--control", action="store_true",
                         help="also time ours (Predictor.predict) inside the peers' process and venv")
+    parser.add_argument("--default-allocator", action="store_true",
+                        help="leave glibc's malloc as it comes for ours (default: tune_cpu_allocator(), as "
+                             "`vitpose predict` and evaluate.py do on a CPU)")
+    parser.add_argument("--tune-peers", action="store_true",
+                        help="the peers' process with the same malloc setting (MALLOC_MMAP_MAX_=0, "
+                             "MALLOC_TRIM_THRESHOLD_): ours vs the peers as if they did what we do")
     parser.add_argument("--amp", action="store_true", help="add a bf16-autocast run of ours (always without peers)")
     parser.add_argument("--pipeline", action="store_true", help="also time the video pipeline, threads vs sequential")
     parser.add_argument("--video", action="store_true",
@@ -614,6 +629,9 @@ def main():
         print(f"note: MMPose reference venv not found ({MMPOSE_PY}); ours only (fp32 vs bf16)")
         args.no_peers = True
     args.amp = args.amp or args.no_peers
+    tuned = args.device == "cpu" and not args.default_allocator and tune_cpu_allocator()
+    allocator_note = (f"malloc: ours {'tuned (tune_cpu_allocator, as vitpose predict)' if tuned else 'glibc default'}"
+                      f"{'' if args.no_peers else ', peers ' + ('tuned' if args.tune_peers else 'glibc default')}")
     inputs = load_inputs(args.max_images, args.max_boxes, args.data_root)
     people = sum(len(item["boxes_xywh"]) for item in inputs)
     frames = len(inputs)
@@ -621,7 +639,7 @@ def main():
     source = "coco-mini" if args.data_root is None else f"{args.data_root} val2017"
     print(f"{model_label}, flip test {'on' if flip else 'off'}, {frames} {source} images, {people} "
           f"boxes, {args.device}, {args.threads} torch threads, warm-up until steady then {args.repeats} alternating "
-          f"rounds, torch {torch.__version__}, OpenCV {cv2.__version__}; {load_note()}")
+          f"rounds, torch {torch.__version__}, OpenCV {cv2.__version__}; {allocator_note}; {load_note()}")
 
     if args.config is not None:
         trained = Predictor.from_config(args.config, args.weights, device=args.device, flip_test=flip,
