@@ -142,7 +142,8 @@ def tune_cpu_allocator() -> bool:
     ones (MBs) with mmap, or trims them off the heap once freed, so the next pass page-faults all
     of it back in: 135k minor faults and 0.4 s of system time per ViTPose-S pass at 16 crops, 750k
     at 64; tuned, none, and the pass takes 0.83x / 0.77x the time (benchmarks/bench_allocator.py;
-    BENCHMARKS.md "CPU allocator"). The cost: the process keeps its peak memory (1.5 GB against
+    BENCHMARKS.md "CPU allocator"; end to end less: 1.04-1.06x on AMX, none seen under the AVX2
+    emulation). The cost: the process keeps its peak memory (1.5 GB against
     1.2 GB peak RSS at 64 crops). Intel's tuning guide for PyTorch on CPUs gives the same advice
     with jemalloc/tcmalloc; this needs no preloaded library.
 
