@@ -85,7 +85,7 @@ from rounds import alternate, load_note, ratios, spread, warm_up
 from safetensors.torch import save_file
 
 from vitpose.data.geometry import bbox_xywh2xyxy
-from vitpose.device import KEEP_FREED_BYTES, tune_cpu_allocator
+from vitpose.device import allocator_environment, tune_cpu_allocator
 from vitpose.inference.predictor import Predictor
 from vitpose.inference.results import StageTimer
 from vitpose.models.checkpoint import load_weights
@@ -450,8 +450,8 @@ class Peers:
                     batch_size=args.batch_size, control=args.control,
                     hf_backbone=dict(hidden=size["embed_dim"], depth=size["depth"], heads=size["num_heads"]))
         env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
-        if args.tune_peers:  # glibc's variables for what tune_cpu_allocator() sets with mallopt
-            env.update(MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_=str(KEEP_FREED_BYTES))
+        if args.tune_peers:
+            env.update(allocator_environment())
         self.log = open(folder / "peers.log", "w+")
         self.proc = subprocess.Popen([str(MMPOSE_PY), "-c", PEERS_SCRIPT, json.dumps(spec)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
@@ -606,8 +606,8 @@ def main():
                         help="leave glibc's malloc as it comes for ours (default: tune_cpu_allocator(), as "
                              "`vitpose predict` and evaluate.py do on a CPU)")
     parser.add_argument("--tune-peers", action="store_true",
-                        help="the peers' process with the same malloc setting (MALLOC_MMAP_MAX_=0, "
-                             "MALLOC_TRIM_THRESHOLD_): ours vs the peers as if they did what we do")
+                        help="the peers' process with the same malloc setting (vitpose.device.allocator_environment()): "
+                             "ours vs the peers as if they did what we do")
     parser.add_argument("--amp", action="store_true", help="add a bf16-autocast run of ours (always without peers)")
     parser.add_argument("--pipeline", action="store_true", help="also time the video pipeline, threads vs sequential")
     parser.add_argument("--video", action="store_true",
@@ -629,7 +629,7 @@ def main():
         print(f"note: MMPose reference venv not found ({MMPOSE_PY}); ours only (fp32 vs bf16)")
         args.no_peers = True
     args.amp = args.amp or args.no_peers
-    tuned = args.device == "cpu" and not args.default_allocator and tune_cpu_allocator()
+    tuned = not args.default_allocator and tune_cpu_allocator(args.device)
     allocator_note = (f"malloc: ours {'tuned (tune_cpu_allocator, as vitpose predict)' if tuned else 'glibc default'}"
                       f"{'' if args.no_peers else ', peers ' + ('tuned' if args.tune_peers else 'glibc default')}")
     inputs = load_inputs(args.max_images, args.max_boxes, args.data_root)

@@ -28,7 +28,10 @@ glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallo
 # default each one is mmapped fresh and unmapped on free: every cycle faults all its pages,
 # deterministically. (Smaller blocks are also given back, by heap trimming, but when depends on
 # glibc's history: a test of them would be flaky.) Warm-up cycles first: the tuned heap grows to
-# the cycle's size once.
+# the cycle's size. It may still grow once more in the measured cycles (a small allocation of the
+# interpreter landing above the freed buffers moves them up: one buffer's 12,288 faults, seen once
+# in ~10 runs after 6 warm-up cycles, never in 20 runs after these 10), so tuned means "at most one cycle's pages in five cycles", against
+# every cycle's pages by default: a factor 5 apart.
 CYCLES = """
 import json, resource, sys, torch
 import vitpose.device
@@ -38,7 +41,7 @@ def cycle():
     buffers = [torch.ones(12 << 20) for _ in range(2)]  # 12 Mi float32 = 48 MiB, every page written
     del buffers
 
-for _ in range(6):
+for _ in range(10):
     cycle()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(5):
@@ -67,8 +70,8 @@ def test_tuned_malloc_reuses_freed_pages_where_the_default_faults_them_in_again(
     assert tuned["tuned"] is True
     # By default both buffers come back as fresh pages every cycle.
     assert default["faults"] >= 5 * PAGES_PER_CYCLE * 0.9, default
-    # Tuned, nothing is given back: what faults remains is the interpreter's own small change.
-    assert tuned["faults"] <= PAGES_PER_CYCLE // 10, (default, tuned)
+    # Tuned, nothing is given back: at most one late growth of the heap (see CYCLES).
+    assert tuned["faults"] <= PAGES_PER_CYCLE, (default, tuned)
 
 
 @glibc_only
@@ -91,31 +94,41 @@ def test_the_user_s_own_setting_keeps_its_effect():
     assert chosen["faults"] >= 5 * PAGES_PER_CYCLE * 0.9, chosen
 
 
-@pytest.mark.parametrize("device, tuned", [("cpu", True), ("cuda", False)])
-def test_vitpose_predict_tunes_the_allocator_on_a_cpu_only(device, tuned, tmp_path, coco_mini_dir, monkeypatch,
-                                                            capsys):
-    """The command line owns its process: `vitpose predict` on a CPU tunes it (the Python API
-    leaves the process to its caller). A CUDA run stops at the device check here (no GPU) or
-    runs on the GPU: either way it must not tune."""
-    calls = []
-    monkeypatch.setattr(vitpose.device, "tune_cpu_allocator", lambda: calls.append(1) or True)
+@glibc_only
+def test_glibc_s_variables_give_the_same_setting():
+    """`allocator_environment()` (what bench_predict --tune-peers gives the peers' process) keeps
+    the pages as the mallopt calls do, and then tune_cpu_allocator stands aside."""
+    started_with = run_cycles("tuned", **vitpose.device.allocator_environment())
+    assert started_with["tuned"] is False and started_with["faults"] <= PAGES_PER_CYCLE, started_with
+
+
+def test_only_a_cpu_run_is_tuned(monkeypatch):
+    monkeypatch.setattr(vitpose.device, "_allocator_tuned", False)
+    # Returns before mallopt: this test process is not changed.
+    assert vitpose.device.tune_cpu_allocator("cuda") is False
+    assert vitpose.device.tune_cpu_allocator(vitpose.device.torch.device("cuda", 0)) is False
+
+
+def test_vitpose_predict_tunes_the_allocator_for_its_device(tmp_path, coco_mini_dir, monkeypatch, capsys):
+    """The command line owns its process: `vitpose predict` hands its device to the tuning (the
+    Python API leaves the process to its caller)."""
+    devices = []
+    monkeypatch.setattr(vitpose.device, "tune_cpu_allocator", lambda device: devices.append(str(device)) or True)
     config, checkpoint = write_tiny_model(tmp_path, coco_mini_dir, seed=2)
     image = next(coco_mini_dir.glob("*.jpg"))
-    code = main(["predict", str(image), "--config", str(config), "--model", str(checkpoint), "--device", device,
+    code = main(["predict", str(image), "--config", str(config), "--model", str(checkpoint), "--device", "cpu",
                  "--detector", "full-frame", "--json", str(tmp_path / "poses.json"), "--precision", "fp32"])
     capsys.readouterr()
-    if device == "cpu":
-        assert code == 0
-    assert (len(calls) == 1) is tuned
+    assert code == 0 and devices == ["cpu"]
 
 
-def test_evaluate_tunes_the_allocator_on_a_cpu(tmp_path, coco_mini_dir, monkeypatch, capsys):
+def test_evaluate_tunes_the_allocator_for_its_device(tmp_path, coco_mini_dir, monkeypatch, capsys):
     import vitpose.cli.evaluate as evaluate_cli
 
-    calls = []
-    monkeypatch.setattr(evaluate_cli, "tune_cpu_allocator", lambda: calls.append(1) or True)
+    devices = []
+    monkeypatch.setattr(evaluate_cli, "tune_cpu_allocator", lambda device: devices.append(str(device)) or True)
     config, checkpoint = write_tiny_model(tmp_path, coco_mini_dir, seed=2)
     load_cli().main(["--config", str(config), "--checkpoint", str(checkpoint), "--gt-boxes", "--workers", "0",
                      "--device", "cpu", "--out", str(tmp_path / "preds.json")])
     capsys.readouterr()
-    assert calls == [1] and (tmp_path / "preds.json").is_file()
+    assert devices == ["cpu"] and (tmp_path / "preds.json").is_file()

@@ -125,32 +125,39 @@ def precision_name(dtype: torch.dtype | None) -> str:
 # ----------------------------------------------------------------------------------------------
 # The C allocator of CPU runs.
 
-# mallopt(3) parameter numbers (glibc's malloc.h)
-_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
 # Freed memory glibc keeps at the top of the heap before it gives it back to the system: above the
 # memory a forward pass frees at once (ViTPose-S: ~0.9 GB peak RSS at 16 crops, ~1.5 GB at 64), so a
 # steady job keeps its pages instead of returning and re-faulting them each pass.
 KEEP_FREED_BYTES = 1 << 30
+# The setting, per glibc environment variable (read at start-up) with its mallopt(3) parameter
+# number (glibc's malloc.h): a trim threshold, and no mmap for malloc.
+_KEEP_PAGES = {"MALLOC_TRIM_THRESHOLD_": (-1, KEEP_FREED_BYTES), "MALLOC_MMAP_MAX_": (-4, 0)}
 _ALLOCATOR_VARIABLES = ("MALLOC_MMAP_MAX_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
 _allocator_tuned = False
 
 
-def tune_cpu_allocator() -> bool:
-    """Make glibc's malloc keep the memory a forward pass frees for the next one; True when done.
+def allocator_environment() -> dict[str, str]:
+    """`tune_cpu_allocator`'s setting as glibc's environment variables, for a process started
+    with them (benchmarks give it to processes they cannot call into, such as a peer's venv)."""
+    return {name: str(value) for name, (_, value) in _KEEP_PAGES.items()}
+
+
+def tune_cpu_allocator(device="cpu") -> bool:
+    """On a CPU: make glibc's malloc keep the memory a forward pass frees for the next one; True when done.
 
     Why: torch allocates every activation of an eager CPU forward afresh. glibc serves the big
     ones (MBs) with mmap, or trims them off the heap once freed, so the next pass page-faults all
     of it back in: 135k minor faults and 0.4 s of system time per ViTPose-S pass at 16 crops, 750k
     at 64; tuned, none, and the pass takes 0.83x / 0.77x the time (benchmarks/bench_allocator.py;
     BENCHMARKS.md "CPU allocator"; end to end less: 1.04-1.06x on AMX, none seen under the AVX2
-    emulation). The cost: the process keeps its peak memory (1.5 GB against
-    1.2 GB peak RSS at 64 crops). Intel's tuning guide for PyTorch on CPUs gives the same advice
-    with jemalloc/tcmalloc; this needs no preloaded library.
+    emulation). The cost: the process keeps its peak memory (1.5 GB against 1.2 GB peak RSS at 64
+    crops). Intel's tuning guide for PyTorch on CPUs gives the same advice with jemalloc/tcmalloc;
+    this needs no preloaded library.
 
-    Process-wide, so the command lines call it (`vitpose predict`, evaluate.py on a CPU) and the
-    Python API leaves it to the caller. Does nothing (False) off glibc, under a preloaded
-    allocator (LD_PRELOAD), or when the user set glibc's own variables (MALLOC_*_, GLIBC_TUNABLES
-    malloc tunables): their choice stands.
+    Process-wide, so the command lines call it with their device (`vitpose predict`, evaluate.py)
+    and the Python API leaves it to the caller. Does nothing (False) for another device than the
+    CPU, off glibc, under a preloaded allocator (LD_PRELOAD), or when the user set glibc's own
+    variables (MALLOC_*_, GLIBC_TUNABLES malloc tunables): their choice stands.
     """
     import ctypes
     import os
@@ -158,6 +165,8 @@ def tune_cpu_allocator() -> bool:
     import sys
 
     global _allocator_tuned
+    if (device if isinstance(device, str) else torch.device(device).type) != "cpu":
+        return False
     if _allocator_tuned:
         return True
     if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
@@ -170,6 +179,5 @@ def tune_cpu_allocator() -> bool:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:
         return False
-    # The trim threshold first: setting it also stops glibc moving its thresholds by itself.
-    _allocator_tuned = bool(libc.mallopt(_M_TRIM_THRESHOLD, KEEP_FREED_BYTES)) and bool(libc.mallopt(_M_MMAP_MAX, 0))
+    _allocator_tuned = all(libc.mallopt(parameter, value) == 1 for parameter, value in _KEEP_PAGES.values())
     return _allocator_tuned

@@ -96,8 +96,7 @@ def evaluate_checkpoint(args) -> dict:
     cfg, config_source = load_run_config(args)
     root = Path(args.data_root if args.data_root is not None else cfg.data.root)
     device = pick_device(args.device or cfg.train.device)
-    if device.type == "cpu":
-        tune_cpu_allocator()  # the process runs the model pass after pass: keep its pages (15-25% per pass)
+    tune_cpu_allocator(device)  # on a CPU: this process runs the model pass after pass (see its docstring)
     if args.precision is not None and args.amp:
         raise UserError("--precision and --amp both choose the precision: give one")
     amp_dtype = (pick_inference_precision(args.precision, device) if args.precision is not None

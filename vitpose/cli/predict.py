@@ -237,8 +237,7 @@ def build_predictor(args):
         device = resolve_device(args.device)
     except ValueError as e:
         raise UsageError(f"--device: {e}") from None
-    if device.type == "cpu":
-        tune_cpu_allocator()  # this process only runs the models: let it keep its pages (15-25% per pass)
+    tune_cpu_allocator(device)  # on a CPU: this process runs models pass after pass (see its docstring)
     if args.det_classes is not None:  # a misspelt class stops before any model loads
         from vitpose.inference.detect import parse_det_classes
 
