@@ -107,6 +107,11 @@ def test_only_a_cpu_run_is_tuned(monkeypatch):
     # Returns before mallopt: this test process is not changed.
     assert vitpose.device.tune_cpu_allocator("cuda") is False
     assert vitpose.device.tune_cpu_allocator(vitpose.device.torch.device("cuda", 0)) is False
+    # Once tuned, the answer for a CPU comes before any mallopt: every spelling of the CPU counts.
+    monkeypatch.setattr(vitpose.device, "_allocator_tuned", True)
+    for cpu in ("cpu", "cpu:0", vitpose.device.torch.device("cpu")):
+        assert vitpose.device.tune_cpu_allocator(cpu) is True, cpu
+    assert vitpose.device.tune_cpu_allocator("cuda:1") is False
 
 
 def test_vitpose_predict_tunes_the_allocator_for_its_device(tmp_path, coco_mini_dir, monkeypatch, capsys):

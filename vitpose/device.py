@@ -165,7 +165,7 @@ def tune_cpu_allocator(device="cpu") -> bool:
     import sys
 
     global _allocator_tuned
-    if (device if isinstance(device, str) else torch.device(device).type) != "cpu":
+    if torch.device(device).type != "cpu":  # "cpu", "cpu:0", torch.device("cpu") alike
         return False
     if _allocator_tuned:
         return True
