@@ -9,7 +9,10 @@ Trained model (`--config` + `--weights`, with `--data-root`: a COCO-layout root 
 images and detection boxes are the inputs): keypoint agreement between precisions then means
 something (random weights give flat heatmaps, where any rounding moves a keypoint anywhere); it
 is reported over the keypoints the fp32 run scores above 0.3 (median / 99th percentile / max px).
-Peers load only the standard ViTPose shapes, so they are skipped with a custom config.
+The peers build the published ViTPose shapes and take only the weights: with a config of such a
+model (configs/demo_vitpose-s.yaml: ViTPose-S trained on the demo's set) they run the trained
+weights too, and their keypoint agreement with ours is over peaked heatmaps; with any other config
+(configs/demo.yaml's 4-block ViT) the run is ours only.
 
 Timing protocol (benchmarks/rounds.py): every implementation warms up until three consecutive
 passes agree within 10%, then `--repeats` rounds of one pass each, the order reversed every other
@@ -84,6 +87,7 @@ sys.path.insert(0, str(REPO))
 from rounds import alternate, load_note, ratios, spread, warm_up
 from safetensors.torch import save_file
 
+from vitpose.config import ModelConfig, load_config
 from vitpose.data.geometry import bbox_xywh2xyxy
 from vitpose.device import allocator_environment, tune_cpu_allocator
 from vitpose.inference.predictor import Predictor
@@ -181,6 +185,27 @@ def write_weights(model, model_name, decoder, folder):
 
 # ---------------------------------------------------------------------------------------------
 # Data
+
+
+def peers_cannot_run(config_path):
+    """Why the peers cannot run the model of `config_path`, or "" when they can. They build the
+    published COCO ViTPose (MMPose's config file, HF's VitPoseConfig) and take only its weights, so
+    the config must be that model: a size and decoder with an MMPose config, no `model.extra`, 256x192
+    crops, 64x48 UDP heatmaps with sigma 2, COCO's 17 keypoints (the peers' flip pairs)."""
+    cfg = load_config(config_path)
+    model_cfg = cfg.model
+    published = ModelConfig(name=model_cfg.name, decoder=model_cfg.decoder)
+    if (model_cfg.name, model_cfg.decoder) not in MMPOSE_CONFIGS:
+        return f"{config_path} is {model_cfg.name} {model_cfg.decoder} (the peers here: " \
+               f"{', '.join(' '.join(k) for k in MMPOSE_CONFIGS)})"
+    for field in ("extra", "input_size", "heatmap_size", "sigma", "num_keypoints"):
+        ours, theirs = getattr(model_cfg, field), getattr(published, field)
+        if (tuple(ours) if isinstance(ours, (list, tuple)) else ours) != \
+                (tuple(theirs) if isinstance(theirs, (list, tuple)) else theirs):
+            return f"{config_path} sets model.{field}: {ours} (published: {theirs})"
+    if cfg.data.dataset_info != "coco":
+        return f"{config_path} is not COCO's skeleton (the peers flip with COCO's pairs)"
+    return ""
 
 
 def load_inputs(max_images=None, max_boxes=None, data_root=None):
@@ -535,7 +560,6 @@ def demo_predictor(flip, device="cpu"):
     """The demo config's small ViTPose (4 blocks, 128x96 crops): a model fast enough on a CPU that
     decoding, drawing and writing are a real share of a frame's time."""
     from vitpose.builders import build_codec, build_model_from_config
-    from vitpose.config import load_config
 
     cfg = load_config(REPO / "configs" / "demo.yaml")
     model = draw_weights(build_model_from_config(cfg.model)).eval()
@@ -623,8 +647,13 @@ def main():
     if args.video and args.weights is None:
         raise SystemExit("--video needs a trained model (--config and --weights): its keypoints carry the people")
     if args.config is not None and not args.no_peers:
-        print("note: the peers load the standard ViTPose shapes only; --config: ours only (fp32 vs bf16)")
-        args.no_peers = True
+        why_not = peers_cannot_run(args.config)
+        if why_not:
+            print(f"note: the peers build the published ViTPose shapes only, and {why_not}: ours only (fp32 vs bf16)")
+            args.no_peers = True
+        else:  # a published shape (e.g. configs/demo_vitpose-s.yaml): the peers get the trained weights
+            model_cfg = load_config(args.config).model
+            args.model, args.decoder = model_cfg.name, model_cfg.decoder
     if not args.no_peers and not MMPOSE_PY.exists():
         print(f"note: MMPose reference venv not found ({MMPOSE_PY}); ours only (fp32 vs bf16)")
         args.no_peers = True
