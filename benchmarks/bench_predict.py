@@ -187,24 +187,23 @@ def write_weights(model, model_name, decoder, folder):
 # Data
 
 
-def peers_cannot_run(config_path):
-    """Why the peers cannot run the model of `config_path`, or "" when they can. They build the
-    published COCO ViTPose (MMPose's config file, HF's VitPoseConfig) and take only its weights, so
-    the config must be that model: a size and decoder with an MMPose config, no `model.extra`, 256x192
-    crops, 64x48 UDP heatmaps with sigma 2, COCO's 17 keypoints (the peers' flip pairs)."""
-    cfg = load_config(config_path)
+def peers_cannot_run(cfg, name):
+    """Why the peers cannot run the model of config `cfg` (loaded from `name`), or "" when they can.
+    They build the published COCO ViTPose (MMPose's config file, HF's VitPoseConfig) and take only
+    its weights, so the config must be that model: a size and decoder with an MMPose config, no
+    `model.extra`, 256x192 crops, 64x48 UDP heatmaps with sigma 2, COCO's 17 keypoints (the peers'
+    flip pairs)."""
     model_cfg = cfg.model
-    published = ModelConfig(name=model_cfg.name, decoder=model_cfg.decoder)
     if (model_cfg.name, model_cfg.decoder) not in MMPOSE_CONFIGS:
-        return f"{config_path} is {model_cfg.name} {model_cfg.decoder} (the peers here: " \
+        return f"{name} is {model_cfg.name} {model_cfg.decoder} (the peers here: " \
                f"{', '.join(' '.join(k) for k in MMPOSE_CONFIGS)})"
+    published = ModelConfig(name=model_cfg.name, decoder=model_cfg.decoder)
     for field in ("extra", "input_size", "heatmap_size", "sigma", "num_keypoints"):
         ours, theirs = getattr(model_cfg, field), getattr(published, field)
-        if (tuple(ours) if isinstance(ours, (list, tuple)) else ours) != \
-                (tuple(theirs) if isinstance(theirs, (list, tuple)) else theirs):
-            return f"{config_path} sets model.{field}: {ours} (published: {theirs})"
+        if ours != theirs:  # load_config makes the sizes tuples, as the defaults
+            return f"{name} sets model.{field}: {ours} (published: {theirs})"
     if cfg.data.dataset_info != "coco":
-        return f"{config_path} is not COCO's skeleton (the peers flip with COCO's pairs)"
+        return f"{name} is not COCO's skeleton (the peers flip with COCO's pairs)"
     return ""
 
 
@@ -647,13 +646,13 @@ def main():
     if args.video and args.weights is None:
         raise SystemExit("--video needs a trained model (--config and --weights): its keypoints carry the people")
     if args.config is not None and not args.no_peers:
-        why_not = peers_cannot_run(args.config)
+        cfg = load_config(args.config)
+        why_not = peers_cannot_run(cfg, args.config)
         if why_not:
             print(f"note: the peers build the published ViTPose shapes only, and {why_not}: ours only (fp32 vs bf16)")
             args.no_peers = True
         else:  # a published shape (e.g. configs/demo_vitpose-s.yaml): the peers get the trained weights
-            model_cfg = load_config(args.config).model
-            args.model, args.decoder = model_cfg.name, model_cfg.decoder
+            args.model, args.decoder = cfg.model.name, cfg.model.decoder
     if not args.no_peers and not MMPOSE_PY.exists():
         print(f"note: MMPose reference venv not found ({MMPOSE_PY}); ours only (fp32 vs bf16)")
         args.no_peers = True

@@ -133,7 +133,8 @@ def precision_name(dtype: torch.dtype | None) -> str:
 # steady job keeps its pages instead of returning and re-faulting them each pass.
 KEEP_FREED_BYTES = 1 << 30
 # The setting, per glibc environment variable (read at start-up) with its mallopt(3) parameter
-# number (glibc's malloc.h): a trim threshold, and no mmap for malloc.
+# number (glibc's malloc.h): a trim threshold, and no mmap for malloc. The trim threshold first:
+# setting it also stops glibc from moving its thresholds by itself.
 _KEEP_PAGES = {"MALLOC_TRIM_THRESHOLD_": (-1, KEEP_FREED_BYTES), "MALLOC_MMAP_MAX_": (-4, 0)}
 _ALLOCATOR_VARIABLES = ("MALLOC_MMAP_MAX_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
 _allocator_tuned = False
