@@ -7,7 +7,13 @@ Both runs see the same crops (the config's validation set: its detection file, o
 the flip test, through `vitpose.engine.evaluate.predict` and the config's COCO evaluator (rescoring,
 OKS-NMS, COCOeval): the path of `evaluate.py`. The only difference is the autocast dtype.
 
-Gate (issue #20): |AP(reduced) - AP(fp32)| <= 0.002. Also reported: the distance in image pixels
+Gate (issue #20): |AP(reduced) - AP(fp32)| <= 0.002. `--bootstrap N` adds the difference's paired
+bootstrap 95% interval over images (the same N resamples of the validation images for both runs,
+`vitpose.evaluation.coco_evaluator.resampled_ap`): it says whether the set has the images to decide
+a 0.002 gate at all. A set whose interval is wider than twice the gate (half-width > 0.002) cannot
+tell a precision that passes from one that fails; a precision's place in `AUTO_PRECISIONS` is
+decided on sets that can. (The half-width, not the distance from the estimate to either end: AP is
+not linear in the images, so the resamples' differences need not centre on the whole set's.) Also reported: the distance in image pixels
 between the two runs' keypoints, over the keypoints that fp32 scores above 0.3 (the usual display
 threshold: the ones anyone looks at), as median / 99th percentile / max. A precision that fails
 the gate is not one that `precision="auto"` may pick (`vitpose.device.AUTO_PRECISIONS`); the
@@ -35,6 +41,7 @@ from rounds import alternate, load_note, spread, warm_up  # noqa: E402
 
 from vitpose.device import PRECISIONS, precision_name, resolve_precision  # noqa: E402
 from vitpose.engine.evaluate import predict  # noqa: E402
+from vitpose.evaluation.coco_evaluator import resampled_ap  # noqa: E402
 
 MAX_AP_DIFFERENCE = 0.002  # issue #20: the most AP a reduced precision may cost (or gain)
 CONFIDENT_SCORE = 0.3  # keypoints scored above this (by fp32) are compared in pixels
@@ -49,6 +56,16 @@ class GateResult:
     median_px: float
     p99_px: float
     max_px: float
+    interval: tuple[float, float] | None = None  # paired bootstrap 95% interval of ap_difference
+
+    @property
+    def resolves_gate(self) -> bool | None:
+        """Whether the set is large enough to decide the gate: the interval's half-width at most the
+        gate (None without a bootstrap)."""
+        if self.interval is None:
+            return None
+        low, high = self.interval
+        return (high - low) / 2 <= MAX_AP_DIFFERENCE
 
     @property
     def ap_difference(self) -> float:
@@ -59,8 +76,11 @@ class GateResult:
         return abs(self.ap_difference) <= MAX_AP_DIFFERENCE
 
     def line(self) -> str:
+        interval = "" if self.interval is None else (
+            f", 95% interval [{self.interval[0]:+.4f}, {self.interval[1]:+.4f}]: this set "
+            f"{'resolves' if self.resolves_gate else 'cannot resolve'} the gate")
         return (f"{self.precision}: AP {self.ap:.4f} vs fp32 {self.ap_fp32:.4f} (difference {self.ap_difference:+.4f}, "
-                f"gate |d| <= {MAX_AP_DIFFERENCE}: {'pass' if self.passed else 'FAIL'}); keypoints scored > "
+                f"gate |d| <= {MAX_AP_DIFFERENCE}: {'pass' if self.passed else 'FAIL'}{interval}); keypoints scored > "
                 f"{CONFIDENT_SCORE} by fp32 ({self.confident_keypoints}): median {self.median_px:.3f} px, "
                 f"99th percentile {self.p99_px:.3f} px, max {self.max_px:.3f} px")
 
@@ -75,11 +95,27 @@ def keypoint_distances(reference: list[dict], other: list[dict], min_score: floa
     return np.linalg.norm(ref - oth, axis=-1)[confident]
 
 
+def paired_bootstrap(reference_eval, other_eval, resamples: int, seed: int = 0) -> tuple[float, float]:
+    """95% interval of AP(other) - AP(reference) over `resamples` draws of the images with
+    replacement, the same draws for both (`run_cocoeval` results of the same ground truth)."""
+    images = len(reference_eval._paramsEval.imgIds)
+    if len(other_eval._paramsEval.imgIds) != images:
+        raise ValueError("the two evaluations are not of the same images")
+    rng = np.random.default_rng(seed)
+    differences = []
+    for _ in range(resamples):
+        draws = rng.integers(0, images, images)
+        differences.append(resampled_ap(other_eval, draws) - resampled_ap(reference_eval, draws))
+    low, high = np.percentile(differences, [2.5, 97.5])
+    return float(low), float(high)
+
+
 def compare_precisions(model, make_batches, codec, evaluator, precisions, device="cpu", flip_test=True,
-                       flip_indices=None) -> list[GateResult]:
+                       flip_indices=None, bootstrap: int = 0) -> list[GateResult]:
     """fp32 predictions against each of `precisions` ("bf16" / "fp16") on the same batches.
 
     make_batches: a function returning a fresh iterable of validation batches (`predict`'s input).
+    bootstrap: resamples of the images for the AP difference's interval (0: none; a COCO evaluator).
     """
     device = torch.device(device)
     model = model.to(device).eval()
@@ -90,13 +126,15 @@ def compare_precisions(model, make_batches, codec, evaluator, precisions, device
 
     reference = run(None)
     ap_fp32 = evaluator.evaluate(reference)["AP"]
+    reference_eval = evaluator.cocoeval(reference) if bootstrap else None
     results = []
     for name in precisions:
         predictions = run(resolve_precision(name, device))
         d = keypoint_distances(reference, predictions)
         pct = (lambda q: float(np.percentile(d, q))) if d.size else (lambda q: float("nan"))
+        interval = paired_bootstrap(reference_eval, evaluator.cocoeval(predictions), bootstrap) if bootstrap else None
         results.append(GateResult(name, ap_fp32, evaluator.evaluate(predictions)["AP"], int(d.size),
-                                  pct(50), pct(99), pct(100)))
+                                  pct(50), pct(99), pct(100), interval))
     return results
 
 
@@ -160,6 +198,8 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--repeats", type=int, default=0, help="also time N alternating rounds (crops/s)")
+    p.add_argument("--bootstrap", type=int, default=0, metavar="N",
+                   help="N paired resamples of the images: the AP difference's 95%% interval (e.g. 1000)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -168,7 +208,8 @@ def main(argv=None) -> int:
         args.config, args.checkpoint, device, args.batch_size, args.data_root)
     print(f"{crops} crops, flip test, device {device}, {torch.get_num_threads()} threads, "
           f"auto -> {precision_name(resolve_precision('auto', device))}")
-    results = compare_precisions(model, make_batches, codec, evaluator, args.precisions, device, True, flip_indices)
+    results = compare_precisions(model, make_batches, codec, evaluator, args.precisions, device, True, flip_indices,
+                                 args.bootstrap)
     for r in results:
         print(r.line())
     if args.repeats:

@@ -50,13 +50,15 @@ PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 _AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 # The reduced precisions `auto` may pick, in order of preference, per device type. Each one is
-# backed by the accuracy gate (tests/test_precision.py: AP within 0.002 of fp32 on trained models,
-# figures in BENCHMARKS.md); a precision whose gate fails is taken out of this table.
-# bf16 is out: on ViTPose-S trained on the demo's set (configs/demo_vitpose-s.yaml) its AP was 0.0028
-# above fp32's (the demo model: +0.0018, inside the gate). fp16 passes everywhere it was measured (AP
-# +0.0005 on ViTPose-S, -0.0001 on the demo, median 0.001 px) but a CPU runs it slower than fp32 (0.9x
-# on AVX512-FP16), so a CPU's `auto` is fp32 and bf16 is there for whoever asks for it.
-AUTO_PRECISIONS = {"cpu": (), "cuda": ("fp16",)}
+# backed by the accuracy gate (benchmarks/precision_gate.py, tests/test_precision.py: AP within 0.002
+# of fp32 on trained models, figures in BENCHMARKS.md); a precision whose gate fails is taken out of
+# this table. The gate is decided on validation sets large enough to decide it (the AP difference's
+# 95% bootstrap interval at most 0.002 in half-width): ViTPose-S trained on the demo's set
+# (configs/demo_vitpose-s.yaml), 3000 images: bf16 +0.0003 [-0.0007, +0.0019]; the demo model, 1000
+# images: bf16 +0.0001, fp16 +0.0001; fp16 on ViTPose-S, 1000 images: -0.0003. (The demo's own 100
+# images cannot decide it: bf16 +0.0028 there, interval [-0.0011, +0.0075].) fp16 is not in the CPU
+# row: a CPU runs it slower than fp32 (0.9x on AVX512-FP16).
+AUTO_PRECISIONS = {"cpu": ("bf16",), "cuda": ("fp16",)}
 
 # oneDNN ISA limits (ONEDNN_MAX_CPU_ISA) under which oneDNN, which runs bf16 matmuls and convolutions,
 # has no bf16 dot-product instructions, and ATen CPU capabilities below AVX-512.
@@ -98,7 +100,8 @@ def resolve_precision(precision: str, device) -> torch.dtype | None:
     """`"auto" | "fp32" | "bf16" | "fp16"` on `device` -> the autocast dtype, or None for fp32.
 
     auto: the first of `AUTO_PRECISIONS[device type]` the device computes natively: fp16 on CUDA,
-    fp32 everywhere else (bf16 missed the accuracy gate; see AUTO_PRECISIONS).
+    bf16 on a CPU with AVX512-BF16 or AMX, fp32 everywhere else (each passed the accuracy gate;
+    see AUTO_PRECISIONS).
     An explicit choice is taken as asked where torch can run it (bf16 on an older CPU is emulated:
     correct but slower); one it cannot run raises ValueError in one line naming the fix.
     """

@@ -59,8 +59,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=None, help="data loader workers (default: min(8, CPUs))")
     p.add_argument("--amp", action="store_true", help="autocast (train.amp_dtype on CUDA, bfloat16 on CPU)")
     p.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default=None,
-                   help="inference precision (default fp32, or --amp): auto = fp16 on CUDA, else fp32; bf16 when "
-                        "asked (vitpose.device.resolve_precision)")
+                   help="inference precision (default fp32, or --amp): auto = fp16 on CUDA, bf16 on a CPU "
+                        "with AVX512-BF16 or AMX, else fp32 (vitpose.device.resolve_precision)")
     p.add_argument("--data-root", default=None, help="COCO root (overrides data.root)")
     p.add_argument("--out", type=Path, default=None,
                    help="predictions JSON (default: WORK_DIR/eval/predictions.json); the COCO results go "

@@ -102,9 +102,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="COCO classes the detector keeps, names or ids (default: the model's skeleton's: "
                         "bird..giraffe for AP-10K / APT-36K, person otherwise)")
     p.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
-                   help="auto (default): fp16 on CUDA, else fp32 (the reduced precision auto picks passed the "
-                        "accuracy gate, AP within 0.002 of fp32); bf16: ~2x faster on a CPU with AVX512-BF16 or "
-                        "AMX, AP +0.0028 on ViTPose-S (BENCHMARKS.md)")
+                   help="auto (default): fp16 on CUDA, bf16 on a CPU with AVX512-BF16 or AMX (ViTPose-S "
+                        "2.1-2.6x faster than fp32 there), else fp32; what auto picks passed the accuracy gate, "
+                        "AP within 0.002 of fp32 (BENCHMARKS.md). fp32 gives the reference numbers")
     p.add_argument("--batch-images", type=int, default=8, help="images per model call (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=None,
                    help="person boxes per forward pass, doubled by the flip test (default: 8 on a CPU, 32 on a GPU)")

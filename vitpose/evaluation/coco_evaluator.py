@@ -489,6 +489,10 @@ class CocoEvaluator:
             return {name: 0.0 for name in STAT_NAMES}
         return dict(zip(STAT_NAMES, score_with_cocoeval(self.coco, results, self.sigmas)))
 
+    def cocoeval(self, predictions: Sequence[dict]):
+        """The COCOeval behind `evaluate`'s stats, for per-image statistics (`resampled_ap`)."""
+        return run_cocoeval(self.coco, self.results(predictions), self.sigmas)
+
     def write_results(self, predictions: Sequence[dict], path) -> Path:
         """Write the COCO keypoint results JSON (after the protocol) that `evaluate` scores."""
         return write_atomic(path, json.dumps(self.results(predictions)))
@@ -524,6 +528,12 @@ def score_with_cocoeval(coco, results: list[dict], sigmas: np.ndarray) -> list[f
         sigmas: the OKS sigmas, float32 as MMPose hands them to xtcocotools ((2 sigma)^2 is then
             float32 too).
     """
+    return [float(value) for value in run_cocoeval(coco, results, sigmas).stats]
+
+
+def run_cocoeval(coco, results: list[dict], sigmas: np.ndarray):
+    """`score_with_cocoeval`'s COCOeval itself, evaluated, accumulated and summarized (its `stats`,
+    and its per-image `evalImgs` for `resampled_ap`)."""
     # xtcocotools leaves these out before it matches anything; so they take no maxDets slot.
     evaluated = [r for r in results if evaluated_by_cocoeval(r)]
     with _quiet("COCOeval"):
@@ -535,7 +545,36 @@ def score_with_cocoeval(coco, results: list[dict], sigmas: np.ndarray) -> list[f
         coco_eval.evaluate()
         coco_eval.accumulate()
         coco_eval.summarize()
-    return [float(value) for value in coco_eval.stats]
+    return coco_eval
+
+
+def resampled_ap(coco_eval, draws: Sequence[int]) -> float:
+    """COCO keypoint AP (stats[0]) of a multiset of the evaluated images: a bootstrap resample.
+
+    `coco_eval` is `run_cocoeval`'s result; `draws` are positions in its `params.imgIds`, repeats
+    allowed. COCOeval matches detections to ground truth image by image (`evalImgs`) and only
+    `accumulate` pools the images, so a resample re-pools the per-image matches it already has:
+    the same AP as COCOeval on a dataset holding those images in that order (each repeat a new
+    image), which tests/test_coco_evaluator_bootstrap.py checks against pycocotools. The caller's
+    object is left as it is.
+    """
+    image_count = len(coco_eval._paramsEval.imgIds)
+    draws = [int(d) for d in draws]
+    if not draws or min(draws) < 0 or max(draws) >= image_count:
+        raise ValueError(f"draws must be positions among the {image_count} evaluated images, got {len(draws)} "
+                         f"from {min(draws, default=None)} to {max(draws, default=None)}")
+    resample = copy.copy(coco_eval)
+    resample.params = copy.deepcopy(coco_eval.params)
+    resample._paramsEval = copy.deepcopy(coco_eval._paramsEval)
+    # evalImgs is laid out category by area range by image (pycocotools' evaluate): keep the first
+    # two and put the drawn images in the third, renumbered so that repeats are distinct images.
+    blocks = len(coco_eval.evalImgs) // image_count
+    resample.evalImgs = [coco_eval.evalImgs[block * image_count + d] for block in range(blocks) for d in draws]
+    resample.params.imgIds = resample._paramsEval.imgIds = list(range(len(draws)))
+    with _quiet("COCOeval"):
+        resample.accumulate()
+        resample.summarize()
+    return float(resample.stats[0])
 
 
 def _no_detections(coco):

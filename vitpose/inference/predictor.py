@@ -45,8 +45,8 @@ class Predictor(TopDown):
             input, 48x64 heatmaps).
         amp_dtype: torch.bfloat16 / torch.float16 to run under autocast; None = float32.
         precision: "auto" | "fp32" | "bf16" | "fp16" instead of `amp_dtype`
-            (`vitpose.device.resolve_precision`: auto = fp16 on CUDA, else fp32; bf16 only when
-            asked). None (default) = `amp_dtype`, i.e. fp32 unless given.
+            (`vitpose.device.resolve_precision`: auto = fp16 on CUDA, bf16 on a CPU with
+            AVX512-BF16 or AMX, else fp32). None (default) = `amp_dtype`, i.e. fp32 unless given.
         batch_size: boxes per forward pass (the flip test doubles it); None (default): 8 on a CPU,
             32 on a GPU (`vitpose.device.default_batch_size`).
         flip_indices: left/right order of the flip test (default: the skeleton's).
