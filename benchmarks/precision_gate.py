@@ -13,8 +13,9 @@ bootstrap 95% interval over images (the same N resamples of the validation image
 a 0.002 gate at all. A set whose interval is wider than twice the gate (half-width > 0.002) cannot
 tell a precision that passes from one that fails; a precision's place in `AUTO_PRECISIONS` is
 decided on sets that can. (The half-width, not the distance from the estimate to either end: AP is
-not linear in the images, so the resamples' differences need not centre on the whole set's.) Also reported: the distance in image pixels
-between the two runs' keypoints, over the keypoints that fp32 scores above 0.3 (the usual display
+not linear in the images, so the resamples' differences need not centre on the whole set's.)
+
+Also reported: the distance in image pixels between the two runs' keypoints, over the keypoints that fp32 scores above 0.3 (the usual display
 threshold: the ones anyone looks at), as median / 99th percentile / max. A precision that fails
 the gate is not one that `precision="auto"` may pick (`vitpose.device.AUTO_PRECISIONS`); the
 tests in tests/test_precision.py run this gate.
@@ -124,17 +125,22 @@ def compare_precisions(model, make_batches, codec, evaluator, precisions, device
         return predict(model, make_batches(), codec, flip_test=flip_test, device=device, amp_dtype=dtype,
                        flip_indices=flip_indices)
 
+    def score(predictions):  # (AP, the COCOeval behind it when the bootstrap needs it): COCOeval once
+        if not bootstrap:
+            return evaluator.evaluate(predictions)["AP"], None
+        evaluation = evaluator.cocoeval(predictions)
+        return float(evaluation.stats[0]), evaluation
+
     reference = run(None)
-    ap_fp32 = evaluator.evaluate(reference)["AP"]
-    reference_eval = evaluator.cocoeval(reference) if bootstrap else None
+    ap_fp32, reference_eval = score(reference)
     results = []
     for name in precisions:
         predictions = run(resolve_precision(name, device))
         d = keypoint_distances(reference, predictions)
         pct = (lambda q: float(np.percentile(d, q))) if d.size else (lambda q: float("nan"))
-        interval = paired_bootstrap(reference_eval, evaluator.cocoeval(predictions), bootstrap) if bootstrap else None
-        results.append(GateResult(name, ap_fp32, evaluator.evaluate(predictions)["AP"], int(d.size),
-                                  pct(50), pct(99), pct(100), interval))
+        ap, evaluation = score(predictions)
+        interval = paired_bootstrap(reference_eval, evaluation, bootstrap) if bootstrap else None
+        results.append(GateResult(name, ap_fp32, ap, int(d.size), pct(50), pct(99), pct(100), interval))
     return results
 
 

@@ -58,7 +58,7 @@ def test_one_rule_of_native_bf16_for_training_and_inference():
 
     assert training_precision.cpu_has_native_bf16 is device_module.cpu_has_native_bf16
     amp = training_precision.resolve_precision(torch.device("cpu"), amp=True)
-    assert amp.dtype is (torch.bfloat16 if cpu_has_native_bf16() else None)  # --amp: bf16 where native
+    assert amp.dtype is resolve_precision("auto", "cpu")  # --amp in training = auto in inference on a CPU
 
 
 def test_auto_picks_only_gated_precisions():
@@ -131,7 +131,7 @@ def test_accuracy_gate_on_a_briefly_trained_tiny_model(tmp_path):
     torch.set_num_threads(1)  # tiny ops: one thread is faster, and steady on a busy machine
     try:
         model, batches, codec, evaluator = _peaked_tiny_model(tmp_path)
-        results = compare_precisions(model, batches, codec, evaluator, GATED)
+        results = compare_precisions(model, batches, codec, evaluator, GATED, bootstrap=20)
     finally:
         torch.set_num_threads(threads)
     # This set has few instances: one instance crossing one of COCOeval's 10 OKS thresholds moves AP
@@ -147,6 +147,7 @@ def test_accuracy_gate_on_a_briefly_trained_tiny_model(tmp_path):
         assert r.max_px > 0, r.line()  # the reduced precision really ran (its keypoints moved)
         assert abs(r.ap_difference) <= tolerance, r.line()
         assert r.median_px < 0.1, r.line()
+        assert r.interval is not None and r.interval[0] <= r.interval[1], r.line()  # --bootstrap reaches the result
 
 
 @pytest.mark.slow  # trains the demo model: minutes on a CPU
