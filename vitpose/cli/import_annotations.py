@@ -5,7 +5,8 @@ export -> a COCO keypoint file that training, `vitpose check-data` and evaluatio
     vitpose import-annotations annotations.xml --format cvat --out data/annotations/train.json
 
 Label Studio: the project's "JSON" export; keypoints are grouped into people by their rectangle
-(the keypoint's parentID, else the rectangle that contains it). Its export does not carry the
+(the keypoint's parentID, else the smallest rectangle that contains it); of several annotations of a
+task the newest (created_at) is imported. Its export does not carry the
 keypoint order: give it with --skeleton (a skeleton YAML, a built-in name such as coco, or a COCO
 file), else the names are taken in the order they first appear.
 CVAT: the task's "CVAT for images 1.1" (or "CVAT for video 1.1") export of skeletons; the keypoint

@@ -19,7 +19,9 @@ Out (`vitpose predict --format labelstudio|cvat`): `to_labelstudio_tasks(records
 below a threshold instead of dropping them (docs/annotations.md §4).
 
 A malformed export raises `AnnotationFormatError`: one line naming the file, the task or image
-and the field.
+and the field. That includes what a tool's UI cannot make but an edited or API-made export can hold:
+a keypoint outside its image, an image size no camera makes, one image in two tasks / `<image>`
+elements, an image URL without a file name, and a file of the other tool (docs/annotations.md §1).
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ import math
 import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
-from urllib.parse import parse_qs, unquote, urlparse
+from urllib.parse import parse_qs, quote, unquote, urlparse
 from xml.sax.saxutils import quoteattr
 
 from ..errors import UserError
@@ -39,12 +42,18 @@ from .metainfo import DatasetInfo, dataset_info
 
 __all__ = ["AnnotationFormatError", "Draft", "DraftImage", "DraftPerson", "FORMATS", "read_export",
            "read_labelstudio", "read_cvat", "to_coco", "to_labelstudio_tasks", "to_cvat_xml",
-           "DEFAULT_MARK_BELOW"]
+           "labelstudio_file_name", "labelstudio_image_url", "DEFAULT_MARK_BELOW"]
 
 FORMATS = ("labelstudio", "cvat")
 DEFAULT_MARK_BELOW = 0.3  # keypoint scores below this are marked for the annotator's attention
 OCCLUDED_WORD = "occluded"  # a per-region Label Studio choice containing it marks the point occluded
 CVAT_DECIMALS = 2  # CVAT writes coordinates with "{:.2f}" (docs/annotations.md §3)
+# Both tools keep points inside the image (Label Studio's canvas, CVAT projects them onto its edge);
+# this much past the border is float rounding of a point placed on it (percent -> pixels).
+EDGE_TOLERANCE_PX = 1e-6
+# The largest side any reader of the COCO file can hold (int32 pixel arithmetic downstream); the
+# pixel limit of `vitpose.files` (VITPOSE_MAX_PIXELS) bounds the area, as it does when decoding.
+MAX_IMAGE_SIDE = 2**31 - 1
 
 
 class AnnotationFormatError(DataError, UserError):
@@ -69,6 +78,7 @@ class DraftImage:
     width: int
     height: int
     people: list[DraftPerson] = field(default_factory=list)
+    where: str = ""  # the task / <image> it came from, for messages
 
 
 @dataclass
@@ -104,11 +114,70 @@ def _number(value, fail, what: str) -> float:
     """A finite number from a JSON or XML value, else `fail(message, field)`."""
     try:
         number = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: a JSON integer of 400 digits
         number = math.nan
     if isinstance(value, bool) or not math.isfinite(number):
         fail(f"must be a finite number, got {value!r}", what)
     return number
+
+
+def _check_image_size(width: int, height: int, fail, what: str) -> None:
+    """An image size a COCO reader can hold and a decoder would accept (N28 of the round-4 report:
+    `original_width: 1e20` used to be written and crash `check-data` and training later)."""
+    from vitpose.files import MAX_PIXELS_ENV, max_pixels_limit
+
+    limit = max_pixels_limit()
+    if max(width, height) > MAX_IMAGE_SIDE or 0 < limit < width * height:
+        bound = f"{MAX_IMAGE_SIDE} pixels a side" if max(width, height) > MAX_IMAGE_SIDE else \
+            f"{limit / 1e6:g} megapixels, the pixel limit of {MAX_PIXELS_ENV}"
+        fail(f"{_big(width)} x {_big(height)} is not a plausible image size (over {bound}); correct the size in "
+             "the tool", what)
+
+
+def _big(n: int) -> str:
+    return str(n) if n < 10**12 else f"{float(n):.3g}" if n < 10**300 else f"a {len(str(n))}-digit number"
+
+
+def _outside(x: float, y: float, image: DraftImage) -> str:
+    """Why a labelled point cannot be imported when it lies outside its image ("" when inside, the
+    border included): neither tool's UI places one there, so the export was edited, and importing
+    it as visible would train on a point that is not in the picture."""
+    if (-EDGE_TOLERANCE_PX <= x <= image.width + EDGE_TOLERANCE_PX
+            and -EDGE_TOLERANCE_PX <= y <= image.height + EDGE_TOLERANCE_PX):
+        return ""
+    return (f"at ({x:g}, {y:g}) px lies outside the {image.width} x {image.height} image; move it into the "
+            "image or delete it in the tool")
+
+
+def _refuse_duplicate_images(draft: Draft, path: Path, what: str) -> None:
+    """One image in two tasks / <image> elements would be imported twice: its people counted
+    twice in training and evaluation (N12 of the round-4 report)."""
+    first = {}
+    for image in draft.images:
+        if image.file_name in first:
+            raise AnnotationFormatError(
+                f"image {image.file_name!r} appears twice ({first[image.file_name]} and {image.where}); delete the "
+                "duplicate in the tool (or export its tasks separately if they are different files)",
+                file=path, record=image.where, field=what)
+        first[image.file_name] = image.where
+
+
+def _head(path: Path, size: int = 65536) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read(size)
+    except OSError:
+        return b""
+
+
+def _wrong_format_hint(path: Path, fmt: str) -> str:
+    """'this looks like ... use --format X' when the file is the other tool's export (N20)."""
+    head = _head(path).lstrip(b"\xef\xbb\xbf \t\r\n")
+    if fmt == "labelstudio" and head.startswith(b"<") and b"<annotations" in head:
+        return "this looks like a CVAT XML export: use --format cvat"
+    if fmt == "cvat" and head[:1] in (b"[", b"{"):
+        return "this looks like a JSON file (a Label Studio export?): use --format labelstudio"
+    return ""
 
 
 # ---------------------------------------------------------------------------- Label Studio in
@@ -119,20 +188,34 @@ def _load_json(path: Path):
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise AnnotationFormatError("export file not found", file=path) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise AnnotationFormatError(f"not readable JSON ({e}); export the project as Label Studio 'JSON'",
+    except RecursionError:  # json's decoder recurses per nesting level: [[[[...]]]] 100 000 deep
+        raise AnnotationFormatError("not a Label Studio export: JSON nested too deeply to be a list of tasks",
                                     file=path) from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:  # ValueError: JSONDecodeError, an int of 5000 digits
+        hint = _wrong_format_hint(path, "labelstudio")
+        raise AnnotationFormatError(hint or f"not readable JSON ({e}); export the project as Label Studio 'JSON'",
+                                    file=path, field="--format" if hint else None) from None
 
 
 def labelstudio_file_name(url: str) -> str:
     """The image's file name in a task's data URL (docs/annotations.md §2.3): the `d` parameter of
     a local-storage URL (`/data/local-files/?d=dir/a.jpg` -> dir/a.jpg), else the URL's last path
-    part (`/data/upload/3/5e3b2f1a-a.jpg` -> 5e3b2f1a-a.jpg, the name Label Studio stored)."""
+    part (`/data/upload/3/5e3b2f1a-a.jpg` -> 5e3b2f1a-a.jpg, the name Label Studio stored). Both
+    are percent-decoded, as Label Studio's server reads them ("" when the URL names no file)."""
     parsed = urlparse(url)
-    local = parse_qs(parsed.query).get("d")
-    if local:
-        return local[0]
-    return unquote(Path(parsed.path).name)
+    # surrogateescape: a name that is not UTF-8 comes back as the str os.fsdecode makes of it
+    query = parse_qs(parsed.query, keep_blank_values=True, errors="surrogateescape")
+    if "d" in query:
+        name = query["d"][0]
+    else:
+        name = unquote(parsed.path.rsplit("/", 1)[-1], errors="surrogateescape")
+    return "" if name.endswith("/") or name.rsplit("/", 1)[-1] in ("", ".", "..") else name
+
+
+def labelstudio_image_url(file_name: str, prefix: str = "/data/local-files/?d=") -> str:
+    """The task URL of an image file: `prefix` + the name percent-encoded, '/' kept (so `a&b #1.jpg`
+    is `?d=a%26b%20%231.jpg`, which Label Studio's server and `labelstudio_file_name` read back)."""
+    return prefix + quote(file_name, safe="/", errors="surrogateescape")
 
 
 def read_labelstudio(path, skeleton=None) -> Draft:
@@ -155,24 +238,61 @@ def read_labelstudio(path, skeleton=None) -> Draft:
         annotations = task.get("annotations") or []
         if not isinstance(annotations, list):
             fail("must be a list", "annotations")
-        done = [a for a in annotations if isinstance(a, dict) and not a.get("was_cancelled")]
-        if not done:
+        chosen = _chosen_annotation(annotations, draft)
+        if chosen is None:
             draft.skip("tasks without an annotation (not labelled yet)")
             continue
-        if len(done) > 1:
-            draft.skip("tasks with several annotations (the last one was used)")
+        k, annotation = chosen
         image_url = _labelstudio_image_url(task, fail)
-        result = done[-1].get("result")
+        file_name = labelstudio_file_name(image_url)
+        if not file_name:
+            fail(f"the image URL {image_url!r} names no file; point the task at an image file", "data.image")
+        result = annotation.get("result")
         if not isinstance(result, list):
-            fail("must be a list of regions", "annotations[-1].result")
-        image = _labelstudio_image(result, labelstudio_file_name(image_url), draft, fail)
+            fail("must be a list of regions", f"annotations[{k}].result")
+        image = _labelstudio_image(result, file_name, draft, fail)
         if image is not None:
+            image.where = where
             draft.images.append(image)
     if not draft.images:
         raise AnnotationFormatError(f"no labelled task among {len(tasks)} ({draft.skipped or 'none skipped'}); "
                                     "export the project as 'JSON' (not JSON-MIN) after annotating", file=path,
                                     field="annotations")
+    _refuse_duplicate_images(draft, path, "data.image")
     return _apply_skeleton(draft, skeleton)
+
+
+def _created_at(annotation: dict) -> datetime | None:
+    """An annotation's `created_at` (ISO 8601, as Label Studio writes it), None if absent or not one."""
+    value = annotation.get("created_at")
+    if not isinstance(value, str):
+        return None
+    try:
+        stamp = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)
+
+
+def _chosen_annotation(annotations: list, draft: Draft) -> tuple[int, dict] | None:
+    """The annotation of a task that is imported, with its index (docs/annotations.md §2.2).
+    Cancelled (skipped) ones never count. Of several, the newest by `created_at`: Label Studio's own
+    converters order a task's annotations that way and emit each, which for a COCO file would label
+    the people twice; without a readable `created_at` on each, the last in the list (Label Studio
+    lists them in the order they were made)."""
+    done = [(k, a) for k, a in enumerate(annotations)
+            if isinstance(a, dict) and not a.get("was_cancelled") and not a.get("skipped")]
+    if not done:
+        return None
+    if len(done) == 1:
+        return done[0]
+    stamps = [_created_at(a) for _, a in done]
+    if all(stamps):
+        newest = max(range(len(done)), key=lambda i: (stamps[i], i))  # a tie: the later one in the list
+        draft.skip("tasks with several annotations (the newest by created_at was imported)")
+        return done[newest]
+    draft.skip("tasks with several annotations (the last one was imported)")
+    return done[-1]
 
 
 def _labelstudio_image_url(task: dict, fail) -> str:
@@ -196,10 +316,34 @@ def _labelstudio_size(result: list, fail) -> tuple[int, int] | None:
             h = _number(region.get("original_height"), fail, f"result[{r}].original_height")
             if w <= 0 or h <= 0 or w != int(w) or h != int(h):
                 fail(f"image size must be positive whole pixels, got {w} x {h}", f"result[{r}].original_width")
+            _check_image_size(int(w), int(h), fail, f"result[{r}].original_width")
             sizes.add((int(w), int(h)))
     if len(sizes) > 1:
         fail(f"regions disagree on the image size: {sorted(sizes)}", "result[].original_width")
     return sizes.pop() if sizes else None
+
+
+def _region_id(region: dict, key: str, fail, what: str):
+    """A region's `id` / `parentID`: Label Studio writes strings; numbers are taken as they are."""
+    value = region.get(key)
+    if value is None or isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    fail(f"must be a string, got {type(value).__name__} {value!r:.40}", what)
+
+
+def _occluded_region_ids(result: list, fail) -> set:
+    """Ids of the regions that a per-region choice containing "occluded" marks (§2.4)."""
+    occluded = set()
+    for r, region in enumerate(result):
+        if not isinstance(region, dict) or region.get("type") != "choices":
+            continue
+        value = region.get("value")
+        choices = value.get("choices") if isinstance(value, dict) else None
+        if not isinstance(choices, list):
+            fail("must be a list", f"result[{r}].value.choices")
+        if any(OCCLUDED_WORD in str(c).lower() for c in choices):
+            occluded.add(_region_id(region, "id", fail, f"result[{r}].id"))
+    return occluded
 
 
 def _labelstudio_image(result: list, file_name: str, draft: Draft, fail) -> DraftImage | None:
@@ -208,10 +352,9 @@ def _labelstudio_image(result: list, file_name: str, draft: Draft, fail) -> Draf
     if size is None:
         draft.skip("tasks with no keypoint or rectangle region")
         return None
+    image = DraftImage(file_name, *size)
     width, height = size
-    occluded = {region.get("id") for region in result if isinstance(region, dict)
-                and region.get("type") == "choices" and any(
-                    OCCLUDED_WORD in str(c).lower() for c in (region.get("value") or {}).get("choices") or [])}
+    occluded = _occluded_region_ids(result, fail)
     boxes, points = {}, []
     for r, region in enumerate(result):
         if not isinstance(region, dict):
@@ -221,6 +364,7 @@ def _labelstudio_image(result: list, file_name: str, draft: Draft, fail) -> Draf
             continue  # choices, relations, text areas: not geometry
         if not isinstance(value, dict):
             fail("missing or not an object", f"result[{r}].value")
+        region_id = _region_id(region, "id", fail, f"result[{r}].id")
         x = _number(value.get("x"), fail, f"result[{r}].value.x") / 100 * width
         y = _number(value.get("y"), fail, f"result[{r}].value.y") / 100 * height
         if kind == "rectanglelabels":
@@ -228,18 +372,24 @@ def _labelstudio_image(result: list, file_name: str, draft: Draft, fail) -> Draf
                 fail("a rotated rectangle cannot be a COCO box; draw it unrotated", f"result[{r}].value.rotation")
             w = _number(value.get("width"), fail, f"result[{r}].value.width") / 100 * width
             h = _number(value.get("height"), fail, f"result[{r}].value.height") / 100 * height
-            boxes[region.get("id", f"[{r}]")] = DraftPerson(bbox=[x, y, w, h], where=f"rectangle {region.get('id')}")
+            key = f"[{r}]" if region_id is None else region_id
+            if key in boxes:
+                fail(f"two rectangles have the id {region_id!r}", f"result[{r}].id")
+            boxes[key] = DraftPerson(bbox=[x, y, w, h], where=f"rectangle {region_id}")
             continue
         labels = value.get("keypointlabels")
         if not isinstance(labels, list) or len(labels) != 1 or not isinstance(labels[0], str):
             fail(f"must name exactly one keypoint, got {labels!r}", f"result[{r}].value.keypointlabels")
-        v = 1 if region.get("id") in occluded else 2
-        points.append((r, region, labels[0], (x, y, v)))
-    people = _labelstudio_group(boxes, points, fail)
-    for person in people:
+        if _outside(x, y, image):
+            fail(f"keypoint {labels[0]!r} {_outside(x, y, image)}", f"result[{r}].value")
+        parent = _region_id(region, "parentID", fail, f"result[{r}].parentID")
+        v = 1 if region_id is not None and region_id in occluded else 2
+        points.append((r, parent, labels[0], (x, y, v)))
+    image.people = _labelstudio_group(boxes, points, fail)
+    for person in image.people:
         for name in person.keypoints:
             draft.add_name(name)
-    return DraftImage(file_name, width, height, people)
+    return image
 
 
 def _labelstudio_group(boxes: dict, points: list, fail) -> list[DraftPerson]:
@@ -249,8 +399,7 @@ def _labelstudio_group(boxes: dict, points: list, fail) -> list[DraftPerson]:
     if not boxes:
         boxes = {None: DraftPerson(where="the task's keypoints (no rectangle)")}
     by_size = sorted(boxes.items(), key=lambda item: 0 if item[1].bbox is None else item[1].bbox[2] * item[1].bbox[3])
-    for r, region, name, xyv in points:
-        parent = region.get("parentID")
+    for r, parent, name, xyv in points:
         if parent:
             if parent not in boxes:
                 fail(f"parentID {parent!r} names no rectangle of this task", f"result[{r}].parentID")
@@ -286,8 +435,9 @@ def read_cvat(path, skeleton=None, label: str | None = None) -> Draft:
     except FileNotFoundError:
         raise AnnotationFormatError("export file not found", file=path) from None
     except (OSError, ET.ParseError) as e:
-        raise AnnotationFormatError(f"not readable XML ({e}); export the task as 'CVAT for images 1.1'",
-                                    file=path) from None
+        hint = _wrong_format_hint(path, "cvat")
+        raise AnnotationFormatError(hint or f"not readable XML ({e}); export the task as 'CVAT for images 1.1'",
+                                    file=path, field="--format" if hint else None) from None
     if root.tag != "annotations":
         raise AnnotationFormatError(f"the root element is <{root.tag}>, not <annotations> of a CVAT XML export",
                                     file=path, field="annotations")
@@ -311,6 +461,7 @@ def read_cvat(path, skeleton=None, label: str | None = None) -> Draft:
         for shape in track.findall("skeleton"):
             item = _cvat_frame(shape.get("frame"), frames, root, draft, path, track.get("id"))
             _cvat_person(shape, item, draft, f"track {track.get('id')} frame {shape.get('frame')}", path, [])
+    _refuse_duplicate_images(draft, path, "name")
     return _apply_skeleton(draft, skeleton)
 
 
@@ -365,32 +516,48 @@ def _cvat_limbs(svg: str, path: Path, label: str) -> list[tuple[str, str]]:
     return limbs
 
 
+# ASCII digits only (str.isdigit() and int() also take '²' and '١٢'), at most 18 of them: int64, and
+# int() refuses 4300 digits with an error of its own
+_WHOLE = re.compile(r"-?[0-9]{1,18}")
+
+
 def _cvat_int(element, key: str, path: Path, where: str) -> int:
     value = element.get(key)
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise AnnotationFormatError(f"must be a whole number, got {value!r}", file=path, record=where,
-                                    field=key) from None
+    if value is None or not _WHOLE.fullmatch(value.strip()):
+        shown = repr(value) if value is None or len(value) < 40 else f"{value[:20]!r}... ({len(value)} characters)"
+        raise AnnotationFormatError(f"must be a whole number below 10^18, got {shown}", file=path, record=where,
+                                    field=key)
+    number = int(value)
     if number <= 0 and key in ("width", "height"):
         raise AnnotationFormatError(f"must be positive, got {number}", file=path, record=where, field=key)
     return number
 
 
+def _cvat_size(element, path: Path, where: str) -> tuple[int, int]:
+    width, height = _cvat_int(element, "width", path, where), _cvat_int(element, "height", path, where)
+
+    def fail(message, field_name):
+        raise AnnotationFormatError(message, file=path, record=where, field=field_name)
+
+    _check_image_size(width, height, fail, "width")
+    return width, height
+
+
 def _cvat_image(image, path: Path) -> DraftImage:
     name = image.get("name")
-    where = f"image id {image.get('id')}"
+    where = f"image id {image.get('id')}" + (f" of task {image.get('task_id')}" if image.get("task_id") else "")
     if not name:
         raise AnnotationFormatError("missing", file=path, record=where, field="name")
-    return DraftImage(name, _cvat_int(image, "width", path, where), _cvat_int(image, "height", path, where))
+    return DraftImage(name, *_cvat_size(image, path, where), where=where)
 
 
 def _cvat_frame(frame, frames: dict, root, draft: Draft, path: Path, track) -> DraftImage:
     """The image of a track's frame: the <image> of that id, else frame_NNNNNN.png of the
     video export's layout with <original_size> (docs/annotations.md §3.2)."""
     where = f"track {track}"
-    if frame is None or not str(frame).isdigit():
-        raise AnnotationFormatError(f"must be a frame number, got {frame!r}", file=path, record=where, field="frame")
+    if frame is None or not _WHOLE.fullmatch(frame) or frame.startswith("-"):
+        shown = repr(frame) if frame is None or len(frame) < 40 else f"{frame[:20]!r}... ({len(frame)} characters)"
+        raise AnnotationFormatError(f"must be a frame number, got {shown}", file=path, record=where, field="frame")
     if frame in frames:
         return frames[frame]
     size = root.find("meta/task/original_size")
@@ -399,8 +566,8 @@ def _cvat_frame(frame, frames: dict, root, draft: Draft, path: Path, track) -> D
     if size is None:
         raise AnnotationFormatError(f"frame {frame} has no <image id={frame!r}> and <meta> has no <original_size>",
                                     file=path, record=where, field="original_size")
-    item = DraftImage(f"frame_{int(frame):06d}.png", _cvat_int(_Attrs(size), "width", path, "original_size"),
-                      _cvat_int(_Attrs(size), "height", path, "original_size"))
+    item = DraftImage(f"frame_{int(frame):06d}.png", *_cvat_size(_Attrs(size), path, "original_size"),
+                      where=f"frame {int(frame)}")
     frames[frame] = item
     draft.images.append(item)
     return item
@@ -440,6 +607,8 @@ def _cvat_person(shape, item: DraftImage, draft: Draft, where: str, path: Path, 
         if len(xy) != 2:
             fail(f"must be 'x,y', got {element.get('points')!r}", "points")
         x, y = (_number(v, fail, "points") for v in xy)
+        if _outside(x, y, item):
+            fail(_outside(x, y, item), "points")
         person.keypoints[name] = (x, y, 1 if element.get("occluded", "0") == "1" else 2)
     if not any(v > 0 for _, _, v in person.keypoints.values()):
         draft.skip("skeletons with every point outside")
@@ -541,13 +710,23 @@ def _keypoints_of(rec: dict, K: int, where: str) -> list[tuple[float, float, flo
     return [(float(flat[3 * k]), float(flat[3 * k + 1]), float(flat[3 * k + 2])) for k in range(K)]
 
 
+def _onto_image(x: float, y: float, width: int, height: int) -> tuple[float, float, str]:
+    """A predicted keypoint moved onto the image (the crop around a person at the border reaches
+    past it), with a note when it moved: the tools show no point outside the image, and the import
+    refuses one (docs/annotations.md §4)."""
+    cx, cy = min(max(x, 0.0), float(width)), min(max(y, 0.0), float(height))
+    return cx, cy, "" if (cx, cy) == (x, y) else f"predicted outside the image at ({x:.1f}, {y:.1f}); placed on its edge"
+
+
 def to_labelstudio_tasks(records, keypoint_names, *, mark_below: float = DEFAULT_MARK_BELOW,
                          image_prefix: str = "/data/local-files/?d=", model_version: str = "vitpose",
                          keypoint_control: str = "keypoints", box_control: str = "person", image_object: str = "image",
                          box_label: str = "person") -> list[dict]:
     """Label Studio tasks with `predictions` (docs/annotations.md §4.1): per person a rectangle and
     its keypoints (`parentID` = the rectangle) in percent of the image, every result with its
-    `score`; keypoints scored below `mark_below` carry a `meta.text` note instead of being dropped."""
+    `score`; keypoints scored below `mark_below`, or predicted outside the image (then placed on its
+    edge), carry a `meta.text` note instead of being dropped. The image URL is `image_prefix` + the
+    file name percent-encoded (`labelstudio_image_url`)."""
     tasks = []
     for t, (file_name, width, height, recs) in enumerate(_images_of(records)):
         result = []
@@ -561,15 +740,18 @@ def to_labelstudio_tasks(records, keypoint_names, *, mark_below: float = DEFAULT
                            "value": {"x": 100 * x / width, "y": 100 * y / height, "width": 100 * w / width,
                                      "height": 100 * h / height, "rotation": 0, "rectanglelabels": [box_label]}})
             for k, (kx, ky, s) in enumerate(_keypoints_of(rec, len(keypoint_names), f"{file_name} person {p}")):
+                kx, ky, moved = _onto_image(kx, ky, width, height)
                 point = {"id": f"{box_id}k{k}", "type": "keypointlabels", "from_name": keypoint_control, **common,
                          "parentID": box_id, "score": s,
                          "value": {"x": 100 * kx / width, "y": 100 * ky / height, "width": 0.5,
                                    "keypointlabels": [keypoint_names[k]]}}
-                if s < mark_below:
-                    point["meta"] = {"text": [f"low confidence: score {s:.2f} < {mark_below:g}"]}
+                notes = ([f"low confidence: score {s:.2f} < {mark_below:g}"] if s < mark_below else []) + \
+                    ([moved] if moved else [])
+                if notes:
+                    point["meta"] = {"text": notes}
                 result.append(point)
         scores = [float(r.get("score", 0.0)) for r in recs]
-        tasks.append({"data": {image_object: image_prefix + file_name},
+        tasks.append({"data": {image_object: labelstudio_image_url(file_name, image_prefix)},
                       "predictions": [{"model_version": model_version, "score": sum(scores) / len(scores),
                                        "result": result}]})
     return tasks
@@ -578,9 +760,10 @@ def to_labelstudio_tasks(records, keypoint_names, *, mark_below: float = DEFAULT
 def to_cvat_xml(records, keypoint_names, limbs=(), *, mark_below: float = DEFAULT_MARK_BELOW,
                 label: str = "person") -> str:
     """CVAT for images 1.1 XML (docs/annotations.md §4.2): one <skeleton> per person; a keypoint
-    scored below `mark_below` is written `occluded="1"` (CVAT's visible per-point flag) so the
-    annotator checks it. Images are numbered in lexical name order, as CVAT numbers a task's images;
-    coordinates have CVAT's 2 decimals. `limbs`: 0-based keypoint index pairs."""
+    scored below `mark_below`, or predicted outside the image (then placed on its edge), is written
+    `occluded="1"` (CVAT's visible per-point flag) so the annotator checks it. Images are numbered
+    from 0 in lexical name order, as CVAT numbers a task's images (its upload matches by name, then
+    by this number); coordinates have CVAT's 2 decimals. `limbs`: 0-based keypoint index pairs."""
     names = list(keypoint_names)
     out = ['<?xml version="1.0" encoding="utf-8"?>', "<annotations>", "  <version>1.1</version>",
            "  <meta>", "    <task>", "      <labels>", _cvat_skeleton_label(label, names, limbs)]
@@ -593,9 +776,10 @@ def to_cvat_xml(records, keypoint_names, limbs=(), *, mark_below: float = DEFAUL
         for p, rec in enumerate(recs):
             out.append(f'    <skeleton label={quoteattr(label)} source="auto" z_order="0">')
             for name, (x, y, s) in zip(names, _keypoints_of(rec, len(names), f"{file_name} person {p}")):
+                x, y, moved = _onto_image(x, y, width, height)
                 out.append(f'      <points label={quoteattr(name)} source="auto" outside="0" '
-                           f'occluded="{int(s < mark_below)}" points="{x:.{CVAT_DECIMALS}f},{y:.{CVAT_DECIMALS}f}">'
-                           f"</points>")
+                           f'occluded="{int(s < mark_below or bool(moved))}" '
+                           f'points="{x:.{CVAT_DECIMALS}f},{y:.{CVAT_DECIMALS}f}"></points>')
             out.append("    </skeleton>")
         out.append("  </image>")
     out.append("</annotations>")

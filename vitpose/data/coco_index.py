@@ -45,6 +45,8 @@ from .errors import DataError
 from .geometry import bbox_xywh2xyxy, bbox_xyxy2cs
 from .image_io import read_image_size
 
+MAX_IMAGE_SIDE = 2**31 - 1  # an image `width` / `height` beyond this is an error in the file, not a photo
+
 if TYPE_CHECKING:
     from .metainfo import DatasetInfo
 
@@ -220,13 +222,17 @@ def _load_json(path: Path, what: str):
         raise DataError(f"{what} is not valid JSON: {e}", file=path) from None
 
 
-def _require(record, key, path, record_name, types):
-    """record[key], which must exist and be of `types` (bool never counts as a number)."""
+def _require(record, key, path, record_name, types, int64=True):
+    """record[key], which must exist and be of `types` (bool never counts as a number); an int must
+    fit int64 unless `int64` is False (the caller checks a tighter range)."""
     if not isinstance(record, dict) or key not in record:
         raise DataError("missing field", file=path, record=record_name, field=key)
     value = record[key]
     if isinstance(value, bool) or not isinstance(value, types):
         raise DataError(f"has type {type(value).__name__}", file=path, record=record_name, field=key)
+    if int64 and isinstance(value, int) and not -2**63 <= value < 2**63:  # ids and counts are kept as int64
+        raise DataError(f"a {len(str(abs(value)))}-digit number is out of range (int64)", file=path,
+                        record=record_name, field=key)
     return value
 
 
@@ -276,9 +282,13 @@ def _read_images(data, path: Path) -> _Images:
         rec = f"image id {ids[j]}"
         names.append(_require(img, "file_name", path, rec, str))
         for c, key in enumerate(("width", "height")):
-            v = _require(img, key, path, rec, (int, float))
+            v = _require(img, key, path, rec, (int, float), int64=False)
             if not v > 0:
                 raise DataError(f"must be positive, got {v}", file=path, record=rec, field=key)
+            if not v <= MAX_IMAGE_SIDE:  # 1e20 (or Infinity) would overflow the int64 array below
+                shown = f"{v:.3g}" if isinstance(v, float) else f"a {len(str(v))}-digit number"
+                raise DataError(f"{shown} is not a plausible image size (at most {MAX_IMAGE_SIDE} pixels a side)",
+                                file=path, record=rec, field=key)
             sizes[j, c] = int(v)
     unique, counts = np.unique(ids, return_counts=True)
     if np.any(counts > 1):
