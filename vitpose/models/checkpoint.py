@@ -23,8 +23,8 @@ from vitpose.hub import WeightsNotFoundError
 from vitpose.models.spec import METADATA_KEY, ModelSpec, spec_of_model
 from vitpose.models.wrappers import strip_wrapper_prefixes, unwrap_model
 
-__all__ = ["CheckpointError", "WeightsFile", "WeightsNotFoundError", "describe_file", "read_state_dict",
-           "read_weights", "refused_pickle", "save_weights", "torch_load"]
+__all__ = ["CheckpointError", "WeightsFile", "describe_file", "read_state_dict", "read_weights", "refused_pickle",
+           "save_weights", "torch_load"]
 
 WRAPPER_KEYS = ("state_dict", "model", "module")
 

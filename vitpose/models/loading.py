@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from vitpose import hub
-from vitpose.models.checkpoint import CheckpointError, WeightsFile, WeightsNotFoundError, read_state_dict, read_weights
+from vitpose.hub import WeightsNotFoundError
+from vitpose.models.checkpoint import CheckpointError, WeightsFile, read_state_dict, read_weights
 from vitpose.models.layouts import (
     ExpertChoice,
     convert_layout,
@@ -33,8 +34,8 @@ from vitpose.models.layouts import (
 )
 from vitpose.models.spec import ModelSpec, SpecError
 
-__all__ = ["SKELETON_BY_KEYPOINTS", "LoadReport", "ModelFile", "check_spec", "load_weights", "open_model",
-           "resolve_weights"]
+__all__ = ["SKELETON_BY_KEYPOINTS", "LoadReport", "ModelFile", "check_spec", "fit_weights", "load_weights",
+           "open_model", "resolve_weights"]
 
 log = logging.getLogger(__name__)
 
