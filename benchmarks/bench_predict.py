@@ -92,7 +92,7 @@ from vitpose.data.geometry import bbox_xywh2xyxy
 from vitpose.device import allocator_environment, tune_cpu_allocator
 from vitpose.inference.predictor import Predictor
 from vitpose.inference.results import StageTimer
-from vitpose.models.checkpoint import load_weights
+from vitpose.models.loading import load_weights
 from vitpose.models.vitpose import build_model
 
 SHARED = Path(os.environ.get("VITPOSE_SHARED", REPO.parent / "shared"))
@@ -129,7 +129,7 @@ def draw_weights(model, seed=0):
 
 
 def mmpose_layout(state):
-    """Our names -> MMPose 1.x names (the inverse of models.checkpoint's MMPose rules)."""
+    """Our names -> MMPose 1.x names (the inverse of models.layouts' MMPose rules)."""
     out = {}
     for name, t in state.items():
         n = name.replace("backbone.patch_embed.proj.", "backbone.patch_embed.projection.")
@@ -411,7 +411,7 @@ PEERS_SCRIPT = textwrap.dedent(
             import types
             sys.modules["psutil"] = types.ModuleType("psutil")
         from vitpose.inference.predictor import Predictor
-        from vitpose.models.checkpoint import load_weights
+        from vitpose.models.loading import load_weights
         from vitpose.models.vitpose import build_model
         ours_model = build_model(spec["model"], spec["decoder"])
         load_weights(ours_model, spec["mmpose_weights"])

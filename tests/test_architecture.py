@@ -128,3 +128,93 @@ def test_the_module_map_names_every_module():
 def test_at_most_eight_modules_sit_directly_in_the_package():
     flat = sorted(p.name for p in PACKAGE.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
     assert len(flat) <= 8, f"{len(flat)} modules directly in vitpose/ (group them): {flat}"
+
+
+# ----------------------------------------------------------------------------------------------
+# No import cycles: modules of one unit may import each other (the layer test allows it), but
+# never in a circle, so that each module can be read (and imported) after the ones it uses.
+
+
+def lazy_names(path: Path) -> dict[str, str]:
+    """{name: module} of a package `__init__.py`'s `lazy_exports(__name__, {module: [names]})` table:
+    `from vitpose.models import build_model` imports `vitpose.models.vitpose` on first use."""
+    names = {}
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "lazy_exports" and len(node.args) == 2:
+            for module, listed in ast.literal_eval(node.args[1]).items():
+                names.update({name: module for name in listed})
+    return names
+
+
+def import_graph(paths: dict[str, Path] | None = None) -> dict[str, set[str]]:
+    """{module: the vitpose modules it imports}: module-level and in-function imports, and the
+    module behind each lazily exported name it imports from a package.
+
+    paths: {module name: file} (default: every module of the package)."""
+    paths = {module_name(p): p for p in MODULES} if paths is None else paths
+    lazy = {name: lazy_names(p) for name, p in paths.items() if p.name == "__init__.py"}
+    graph = {}
+    for module, path in paths.items():
+        targets = set()
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for _, target in imports_of(path, module):
+            targets.add(target)
+        for node in ast.walk(tree):  # `from vitpose.models import build_model` -> vitpose.models.vitpose
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module in lazy:
+                targets.update(lazy[node.module][a.name] for a in node.names if a.name in lazy[node.module])
+        graph[module] = {t for t in targets if t in paths and t != module}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The cycles of the graph, one per strongly connected group of two or more modules (Tarjan)."""
+    index, low, stack, on_stack, groups = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return groups
+
+
+def test_no_import_cycles():
+    cycles = import_cycles(import_graph())
+    assert not cycles, "modules that import each other in a circle (function-level imports included): " + \
+        "; ".join(" <-> ".join(group) for group in cycles)
+
+
+def test_the_cycle_finder_sees_a_cycle_through_a_function_level_import(tmp_path):
+    """spec -> wrappers at module level and wrappers -> spec inside a function: one cycle."""
+    package = tmp_path / "vitpose" / "models"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("from vitpose import lazy_exports\n"
+                                         "__all__, __getattr__ = lazy_exports(__name__, {'vitpose.models.c': ['C']})\n")
+    (package / "a.py").write_text("from vitpose.models.b import f\n")
+    (package / "b.py").write_text("def f():\n    from vitpose.models import C\n")
+    (package / "c.py").write_text("import vitpose.models.a\nC = 1\n")
+    (package / "d.py").write_text("from vitpose.models.a import f\n")
+    paths = {"vitpose.models" if p.name == "__init__.py" else f"vitpose.models.{p.stem}": p
+             for p in package.glob("*.py")}
+    graph = import_graph(paths)
+    assert graph["vitpose.models.b"] == {"vitpose.models", "vitpose.models.c"}
+    assert import_cycles(graph) == [["vitpose.models.a", "vitpose.models.b", "vitpose.models.c"]]

@@ -7,7 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from vitpose.engine.optim import mmpose_name
-from vitpose.models.checkpoint import CheckpointError, convert_state_dict, load_weights, save_weights
+from vitpose.models.checkpoint import CheckpointError, save_weights
+from vitpose.models.layouts import convert_state_dict
+from vitpose.models.loading import load_weights
 from vitpose.models.vitpose import build_model
 
 TINY = dict(depth=2, embed_dim=64, num_heads=4, deconv_channels=(32, 32))

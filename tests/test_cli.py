@@ -110,9 +110,9 @@ def test_every_error_class_of_the_package_is_a_user_error():
     from vitpose.engine.workdir import WorkDirError
     from vitpose.evaluation.coco_evaluator import GroundTruthError, PredictionError
     from vitpose.evaluation.matfile import MatFileError
+    from vitpose.hub import DownloadError, UnknownModelError
     from vitpose.inference.export import GateError, MissingDependencyError
     from vitpose.models.checkpoint import CheckpointError
-    from vitpose.models.hub import DownloadError, UnknownModelError
 
     classes = [ConfigError, DataError, CheckpointError, CheckpointSaveError, WorkDirError, GroundTruthError,
                PredictionError, UnknownModelError, DownloadError, UsageError, GateError, MissingDependencyError,

@@ -25,7 +25,7 @@ from vitpose.engine.distributed import (
     wrap_model,
 )
 from vitpose.models import build_model
-from vitpose.models.checkpoint import unwrap_model as unwrap
+from vitpose.models.wrappers import unwrap_model as unwrap
 
 WORLD = 2
 PER_RANK = 2  # samples per rank; the global batch is WORLD * PER_RANK

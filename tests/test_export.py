@@ -27,7 +27,9 @@ from vitpose.coco_meta import FLIP_INDICES
 from vitpose.data.loaders import normalize_images
 from vitpose.inference.onnx import OnnxPredictor
 from vitpose.inference.predictor import Predictor
-from vitpose.models.checkpoint import CheckpointError, infer_model_spec, load_weights, save_weights
+from vitpose.models.checkpoint import CheckpointError, save_weights
+from vitpose.models.layouts import infer_model_spec
+from vitpose.models.loading import load_weights
 from vitpose.models.vitpose import build_model, flip_test
 from vitpose.topdown import forward_heatmaps
 

@@ -19,8 +19,9 @@ from vitpose.coco_meta import KEYPOINT_NAMES as COCO
 from vitpose.config import ConfigError, load_config
 from vitpose.data.metainfo import dataset_info
 from vitpose.engine.finetune import TABLE_FILE, apply_backbone_freeze, init_from_source, read_init_source
-from vitpose.models.checkpoint import CheckpointError, load_weights, save_weights
-from vitpose.models.hub import ModelInfo
+from vitpose.hub import ModelInfo
+from vitpose.models.checkpoint import CheckpointError, save_weights
+from vitpose.models.loading import load_weights
 from vitpose.models.transfer import BackboneMismatchError, head_channel_map, resample_pos_embed, transfer_weights
 from vitpose.models.vit import resize_pos_embed
 from vitpose.models.vitpose import build_model
@@ -189,7 +190,7 @@ def test_published_name_and_hf_repo_id_from_an_offline_cache(tmp_path, monkeypat
     import huggingface_hub.constants as hf_constants
     from test_hub import fill_hf_cache
 
-    from vitpose.models import hub
+    from vitpose import hub
 
     source = randomise(tiny(17, 0), 5)
     payload = save_weights(source, tmp_path / "w.safetensors").read_bytes()

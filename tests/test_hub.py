@@ -1,4 +1,4 @@
-"""vitpose.models.hub without any network: local caches laid out exactly as torch.hub's and the HF Hub's.
+"""vitpose.hub without any network: local caches laid out exactly as torch.hub's and the HF Hub's.
 
 - The name table equals MMPose 1.3.2's model-zoo metadata (URLs, hash prefixes, AP) and covers
   every size and decoder.
@@ -25,9 +25,10 @@ from conftest import REPO
 from weights_recipe import load_spec
 
 import vitpose
-from vitpose.models import hub
-from vitpose.models.checkpoint import CheckpointError, infer_model_spec
-from vitpose.models.hub import DownloadError, ModelInfo, UnknownModelError
+from vitpose import hub
+from vitpose.hub import DownloadError, ModelInfo, UnknownModelError
+from vitpose.models.checkpoint import CheckpointError
+from vitpose.models.layouts import infer_model_spec
 from vitpose.models.vitpose import MODEL_SIZES
 
 SIZES = ("vitpose-s", "vitpose-b", "vitpose-l", "vitpose-h")
@@ -238,7 +239,7 @@ def test_torch_hub_download_checks_the_sha256_prefix(caches, tmp_path, monkeypat
     assert hub.download("test-good", progress=False) == path
 
 
-# -- what to build: the one shape reader (vitpose.models.checkpoint.infer_model_spec) -----------------
+# -- what to build: the one shape reader (vitpose.models.layouts.infer_model_spec) -----------------
 
 @pytest.mark.parametrize("decoder", ["classic", "simple"])
 @pytest.mark.parametrize("layout", ["mmpose1x", "official0x", "hf"])

@@ -25,10 +25,11 @@ import torch
 from conftest import REPO
 
 import vitpose
+from vitpose import hub
 from vitpose.builders import skeleton_data
 from vitpose.data import dataset_info
-from vitpose.models import hub
-from vitpose.models.checkpoint import CheckpointError, load_weights, read_weights
+from vitpose.models.checkpoint import CheckpointError, read_weights
+from vitpose.models.loading import load_weights
 from vitpose.models.spec import METADATA_KEY, ModelSpec, SpecError, spec_of_model
 
 TINY = dict(depth=1, embed_dim=48, num_heads=2, img_size=(64, 48))

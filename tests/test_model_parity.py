@@ -11,7 +11,7 @@ from weights_recipe import DIGESTS_SEED7, derive, load_spec, make_weights, spec_
 
 from vitpose.engine.losses import KeypointMSELoss, pck_accuracy
 from vitpose.engine.optim import mmpose_name
-from vitpose.models.checkpoint import load_weights
+from vitpose.models.loading import load_weights
 from vitpose.models.vitpose import build_model, flip_test
 
 INPUTS = ("randn", "uniform_pixels", "real_coco")

@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from vitpose.coco_meta import FLIP_INDICES
-from vitpose.models.checkpoint import load_weights, save_weights
+from vitpose.models.checkpoint import save_weights
+from vitpose.models.loading import load_weights
 from vitpose.models.vit import resize_pos_embed
 from vitpose.models.vitpose import MODEL_SIZES, build_model, flip_test
 

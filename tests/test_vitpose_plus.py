@@ -15,7 +15,8 @@ import pytest
 import torch
 from vitpose_plus_recipe import CONFIG, DATASETS, KEYPOINTS, head_channels, hf_weights, official_from_hf
 
-from vitpose.models.checkpoint import CheckpointError, load_weights, save_weights
+from vitpose.models.checkpoint import CheckpointError, save_weights
+from vitpose.models.loading import load_weights
 from vitpose.models.vitpose import build_model
 
 FIXTURES = Path(__file__).parent / "fixtures"

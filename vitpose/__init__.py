@@ -39,6 +39,6 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "vitpose.engine": ["engine"],
     "vitpose.evaluation": ["evaluation"],
     "vitpose.inference": ["inference"],
-    "vitpose.models.hub": ["hub"],
+    "vitpose.hub": ["hub"],
     "vitpose.inference.detect": ["detect"],
 })

@@ -1,6 +1,7 @@
 """Config -> objects: the model, the codec and the datasets, built the same way everywhere; and
 `load_model`: the one way from a model name, an HF repo id or a weights file to (model, codec,
-skeleton, spec).
+skeleton, spec). The models layer finds, reads, builds and loads (`vitpose.models.loading`); here
+the skeleton becomes a `DatasetInfo` and a training config says what to build.
 
 `train.py`, `evaluate.py`, `vitpose tune`, `vitpose export` and `Predictor` all call these, so a
 config or a file means the same network, the same crops and the same keypoints in each of them.
@@ -20,16 +21,8 @@ from vitpose.config import Config, ConfigError, DataConfig, ModelConfig, load_co
 from vitpose.data.coco import CocoKeypoints
 from vitpose.data.errors import DataError
 from vitpose.data.metainfo import BUILTIN_NAMES, DatasetInfo, dataset_info
-from vitpose.models import build_model, hub
-from vitpose.models.checkpoint import (
-    CheckpointError,
-    WeightsNotFoundError,
-    infer_model_spec,
-    is_vitpose_plus,
-    load_weights,
-    read_weights,
-    select_expert,
-)
+from vitpose.models import build_model
+from vitpose.models.loading import SKELETON_BY_KEYPOINTS, ModelFile, open_model
 from vitpose.models.spec import SKELETON_FIELDS, ModelSpec, SpecError, spec_of_model
 
 SKELETON_SUFFIXES = (".yaml", ".yml", ".json")  # the files data.dataset_info may name
@@ -208,11 +201,6 @@ class LoadedModel:
     report: object = None
 
 
-# A head of this many keypoints, with no skeleton recorded, is this built-in dataset's (the
-# published checkpoints of MMPose, the official release and HF; AP-10K's 17 need `expert=`).
-SKELETON_BY_KEYPOINTS = {17: "coco", 133: "coco_wholebody", 14: "aic", 16: "mpii"}
-
-
 def skeleton_data(info: DatasetInfo) -> dict:
     """A DatasetInfo as the plain data a ModelSpec records (SKELETON_FIELDS, lists for tuples)."""
     return json.loads(json.dumps({name: getattr(info, name) for name in SKELETON_FIELDS}))
@@ -232,9 +220,10 @@ def load_model(source, *, expert=None, config=None, device=None) -> LoadedModel:
     """A model with its weights, codec and skeleton, from anything that names one.
 
     Args:
-        source: a name of `vitpose.models.hub.list_models()` (any case), an HF repo id `org/repo` or
+        source: a name of `vitpose.hub.list_models()` (any case), an HF repo id `org/repo` or
             `org/repo@REVISION` (fetched through huggingface_hub: its cache, `HF_HUB_OFFLINE=1`), or a
-            weights / checkpoint file in any layout `vitpose.load_weights` reads.
+            weights / checkpoint file in any layout `vitpose.load_weights` reads (a path that exists
+            is a path, never a repo id). An exported `.onnx` is refused with the way to run it.
         expert: the ViTPose+ expert of a mixture-of-experts file (a name of
             `vitpose.models.spec.EXPERTS`, an alias such as "wholebody", or an index); names and repo
             ids of ViTPose+ models default to "coco", files must say.
@@ -244,70 +233,25 @@ def load_model(source, *, expert=None, config=None, device=None) -> LoadedModel:
     What the file records (`ModelSpec`, written by this project) comes first; otherwise the spec is
     told from the tensor shapes, the head count from the HF `config.json` or the size table, and
     the skeleton from the expert, the checkpoint's training config or the keypoint count.
+    Finding, reading, building and loading are `vitpose.models.loading`'s (`open_model`,
+    `ModelFile.build`); the skeleton's `DatasetInfo` and the training config are this layer's.
     """
-    from vitpose.device import resolve_device
-
-    path, named, repo = resolve_weights(source)
-    weights = _read_cached(path, named)
-    if (named is not None and named.plus) or (repo is not None and is_vitpose_plus(weights.state_dict)):
-        expert = "coco" if expert is None else expert  # HF's dataset_index 0, as the name table says
-    state, choice = select_expert(weights.state_dict, expert, weights.origin)
-    with torch.device("meta"):  # no random init: every tensor is loaded below (strict)
-        if config is not None:
-            cfg = config if isinstance(config, Config) else load_config(config)
-            skeleton = build_dataset_info(cfg)
-            model = build_model_from_config(cfg.model, skeleton)
-            spec = model.spec
-        else:
-            spec = weights.spec or _spec_from_recorded_config(weights) or _spec_from_shapes(state, weights, repo)
-            if choice is not None:
-                spec = spec.replace(expert=choice.name)
-            skeleton = _skeleton(spec, choice, weights)
-            spec = spec.replace(skeleton=skeleton_data(skeleton))
-            model = spec.build()
-    model = model.to_empty(device="cpu")
-    for name, buffer in model.named_buffers():
-        if name.endswith("num_batches_tracked"):
-            buffer.zero_()  # the one entry strict loading lets older files lack
-    report = load_weights(model, state, origin=weights.origin)
-    model.to(resolve_device(device)).eval()
-    return LoadedModel(model, spec.build_codec(), skeleton, spec, path, report)
-
-
-def resolve_weights(source) -> tuple[Path, hub.ModelInfo | None, tuple[str, str | None] | None]:
-    """(local weights file, the named model or None, (HF repo id, revision) or None) of a source."""
-    if not isinstance(source, (str, Path)):
-        raise TypeError(f"source must be a model name, an HF repo id or a path, got {type(source).__name__}")
-    path = Path(source).expanduser()
-    if path.is_file():
-        return path, None, None
-    text = str(source).strip()
-    if text.lower() in hub.MODELS:
-        info = hub.lookup(text)
-        return hub.download(info.name), info, None
-    repo = hub.parse_repo_id(text)
-    if repo is not None and not path.parent.is_dir():
-        return hub.download_hf(*repo), None, repo
-    if path.suffix or path.parent.is_dir() and str(path.parent) != ".":
-        raise WeightsNotFoundError(f"weights file not found: {text}")
-    hub.lookup(text)  # an unknown name: one line with the closest names
-    raise AssertionError("unreachable")
-
-
-def _read_cached(path: Path, named):
-    """read_weights; a cached download that cannot be read is fetched again when its hash is known
-    and does not match (a truncated or damaged file), else named with the fix."""
-    try:
-        return read_weights(path)
-    except CheckpointError as e:
-        if not hub.is_cached_download(path):
-            raise
-        if named is not None and named.sha256_prefix and not hub.is_offline() and not hub.matches_hash(
-                path, named.sha256_prefix):
-            path.unlink()
-            return read_weights(hub.download(named.name))
-        raise CheckpointError(f"{e} -- it is a cached download that did not survive: delete {path} "
-                              f"and run again to fetch it anew") from None
+    found = open_model(source, expert=expert)
+    skeleton = None
+    if config is not None:
+        cfg = config if isinstance(config, Config) else load_config(config)
+        skeleton = build_dataset_info(cfg)
+        with torch.device("meta"):  # built as training builds it; the weights are loaded into it
+            wanted = build_model_from_config(cfg.model, skeleton)
+    else:
+        # None: what the file records (checked against its tensors), else what its tensors tell
+        wanted = None if found.weights.spec is not None else _spec_from_recorded_config(found.weights)
+    model, spec, report = found.build(wanted, device)
+    if skeleton is None:
+        skeleton = _skeleton(spec, found)
+    spec = spec.replace(skeleton=skeleton_data(skeleton))
+    model.spec = spec
+    return LoadedModel(model, spec.build_codec(), skeleton, spec, found.path, report)
 
 
 def _spec_from_recorded_config(weights) -> ModelSpec | None:
@@ -331,28 +275,16 @@ def _spec_from_recorded_config(weights) -> ModelSpec | None:
     return spec.replace(origin=f"the training config recorded in {weights.origin}")
 
 
-def _spec_from_shapes(state, weights, repo) -> ModelSpec:
-    """A spec for a file made elsewhere: its shapes, plus the head count of an HF config.json (no
-    shape holds it)."""
-    spec = infer_model_spec(state, origin=weights.origin)
-    if repo is not None:
-        hf = hub.hf_config(*repo) or {}
-        backbone = hf.get("backbone_config") or {}
-        if backbone.get("num_attention_heads"):
-            spec = spec.replace(num_heads=int(backbone["num_attention_heads"]), origin=spec.origin + " + HF config.json")
-    return spec
-
-
-def _skeleton(spec: ModelSpec, choice, weights) -> DatasetInfo:
+def _skeleton(spec: ModelSpec, found: ModelFile) -> DatasetInfo:
     """The skeleton: recorded; else the ViTPose+ expert's (when the head is that expert's); else the
     training config's built-in dataset; else the built-in dataset of that many keypoints."""
     if spec.skeleton is not None:
         return skeleton_of(spec)
-    name = None
-    if choice is not None and (choice.heads == "official" or choice.index == 0):
-        name = choice.name
-    configured = ((weights.config or {}).get("data") or {}).get("dataset_info")
-    if name is None and configured in BUILTIN_NAMES:
+    weights = found.weights
+    name = found.expert_skeleton()
+    data = (weights.config or {}).get("data")
+    configured = data.get("dataset_info") if isinstance(data, dict) else None
+    if name is None and isinstance(configured, str) and configured in BUILTIN_NAMES:
         name = configured
     if name is None:
         name = SKELETON_BY_KEYPOINTS.get(spec.num_keypoints)

@@ -70,7 +70,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("source", nargs="+",
                    help="images and directories of images, or one video file or webcam index (0, 1, ...)")
     p.add_argument("--model", default=DEFAULT_MODEL,
-                   help="a published name (vitpose.hub.list_models()) or a weights file (default: %(default)s)")
+                   help="a published name (vitpose.hub.list_models()), an HF repo id (org/repo[@revision]), a "
+                        "weights or checkpoint file, or an .onnx file from vitpose export (default: %(default)s)")
     p.add_argument("--config", default=None, help="training config of the weights (custom models); "
                    "without it the size and decoder are read from the file")
     p.add_argument("--detector", default=None,
@@ -246,10 +247,46 @@ def build_predictor(args):
             parse_det_classes(args.det_classes)
         except ValueError as e:
             raise UsageError(str(e)) from None
+    if Path(args.model).suffix.lower() == ".onnx":
+        return build_onnx_predictor(args, None if detector == "none" else detector, device)
     return Predictor.from_pretrained(args.model, detector=None if detector == "none" else detector, device=device,
                                      config=args.config, flip_test=not args.no_flip, batch_size=args.batch_size,
                                      detector_threshold=args.detector_threshold, precision=args.precision,
                                      det_classes=args.det_classes)
+
+
+def build_onnx_predictor(args, detector, device):
+    """`--model FILE.onnx`: an `OnnxPredictor` (onnxruntime) with the command line's detector, and the
+    skeleton the file's ModelSpec records (COCO's for a 17-keypoint file that records none) for the
+    drawings and the detector's classes. The flip test and the crops are the file's."""
+    from vitpose.builders import skeleton_of
+    from vitpose.data.metainfo import dataset_info
+    from vitpose.device import default_batch_size
+    from vitpose.inference.detect import DEFAULT_SCORE_THRESHOLD, detector_labels, make_detector
+    from vitpose.inference.onnx import OnnxPredictor
+    from vitpose.models.spec import METADATA_KEY, ModelSpec
+
+    if args.config is not None:
+        raise UsageError(f"--config: {args.model} is an exported ONNX file, which carries its model; leave out --config")
+    if args.precision not in ("auto", "fp32"):
+        raise UsageError(f"--precision {args.precision}: an ONNX file runs in the precision it was exported in "
+                         f"(vitpose export --fp16 writes a float16 one)")
+    if not Path(args.model).is_file():
+        raise UsageError(f"--model {args.model}: no such ONNX file")
+    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device.type == "cuda" else ["CPUExecutionProvider"]
+    predictor = OnnxPredictor(args.model, flip_test=not args.no_flip, providers=providers,
+                              batch_size=args.batch_size or default_batch_size(device))
+    spec = getattr(predictor, "spec", None)
+    recorded = predictor.metadata.get(METADATA_KEY)
+    if spec is None and recorded:
+        spec = ModelSpec.from_json(recorded, origin=f"recorded in {args.model}")
+    if spec is not None and spec.skeleton is not None:
+        predictor.skeleton = skeleton_of(spec)
+    else:
+        predictor.skeleton = dataset_info("coco") if predictor.num_keypoints == 17 else None
+    threshold = DEFAULT_SCORE_THRESHOLD if args.detector_threshold is None else args.detector_threshold
+    predictor.detector = make_detector(detector, device, threshold, detector_labels(predictor.skeleton, args.det_classes))
+    return predictor
 
 
 def _check_flags(args) -> None:

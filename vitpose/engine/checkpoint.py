@@ -42,7 +42,8 @@ import torch
 
 from vitpose.errors import UserError
 from vitpose.files import TEMP_SUFFIX, atomic_file, readable_mode  # noqa: F401 - re-exported for workdir
-from vitpose.models.checkpoint import CheckpointError, strip_wrapper_prefixes, torch_load, unwrap_model
+from vitpose.models.checkpoint import CheckpointError, torch_load
+from vitpose.models.wrappers import strip_wrapper_prefixes, unwrap_model
 
 REQUIRED_KEYS = ("model", "optimizer", "epoch", "batch", "iteration")
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)

@@ -24,7 +24,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from vitpose.device import resolve_device
-from vitpose.models.checkpoint import unwrap_model
+from vitpose.models.wrappers import unwrap_model
 
 
 @dataclass(frozen=True)

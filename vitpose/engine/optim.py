@@ -10,7 +10,8 @@ import re
 import torch
 
 from vitpose.engine.schedule import LRSchedule
-from vitpose.models.checkpoint import MMPOSE1X_NAMES, rename_rules, strip_wrapper_prefixes, unwrap_model
+from vitpose.models.layouts import MMPOSE1X_NAMES, rename_rules
+from vitpose.models.wrappers import strip_wrapper_prefixes, unwrap_model
 
 # docs/model.md §1.1: layer_decay_rate of each size's config.
 LAYER_DECAY = {"vitpose-s": 0.8, "vitpose-b": 0.75, "vitpose-l": 0.8, "vitpose-h": 0.85}

@@ -30,8 +30,9 @@ from vitpose.engine.runtime import StopFlag
 from vitpose.engine.schedule import BASE_LR_KEY, LRSchedule
 from vitpose.engine.telemetry import Telemetry
 from vitpose.engine.thermal import ThermalGuard
-from vitpose.models.checkpoint import CheckpointError, unwrap_model
+from vitpose.models.checkpoint import CheckpointError
 from vitpose.models.spec import METADATA_KEY, spec_of_model
+from vitpose.models.wrappers import unwrap_model
 
 keypoint_mse_loss = KeypointMSELoss(use_target_weight=True)
 

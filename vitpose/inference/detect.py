@@ -23,6 +23,7 @@ first. `FullFrame` is the whole image as one box (single-person clips).
 from __future__ import annotations
 
 import os
+import pickle
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -162,7 +163,7 @@ def build_detector(name: str, device=None, score_threshold: float = DEFAULT_SCOR
         raise ValueError(f"unknown detector {name!r}; choose one of: " + ", ".join(DETECTORS)
                          + ", 'default', 'full-frame' or 'none'")
     if pretrained:
-        from vitpose.models import hub
+        from vitpose import hub
 
         url = DETECTORS[name].weights_url()
         cached = Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(url)
@@ -170,7 +171,15 @@ def build_detector(name: str, device=None, score_threshold: float = DEFAULT_SCOR
             digits = re.search(r"-([a-f0-9]+)\.", cached.name)  # torch.hub's check: the name's hash digits
             hub.download_url(url, cached, digits.group(1) if digits else None, f"detector {name}",
                              alternative="; or use --detector full-frame / --boxes FILE")
-        model = DETECTORS[name].build(True)  # found in the cache: no network
+        try:
+            model = DETECTORS[name].build(True)  # found in the cache: no network
+        except (RuntimeError, EOFError, OSError, pickle.UnpicklingError) as e:  # torch.load of the cached file
+            from vitpose.models.checkpoint import CheckpointError, describe_file
+
+            raise CheckpointError(
+                f"detector {name}: its cached weights {cached} cannot be read ({describe_file(cached)}; "
+                f"{type(e).__name__}) -- a download that did not survive: delete {cached} and run again to fetch "
+                f"it anew (or use --detector full-frame / --boxes FILE)") from None
     else:
         model = DETECTORS[name].build(False)
     return PersonDetector(model, score_threshold, device=device or "cpu", batch_size=batch_size, labels=labels)

@@ -43,8 +43,8 @@ from vitpose.codecs.udp import UDPHeatmap
 from vitpose.data.loaders import normalize_images
 from vitpose.errors import UserError
 from vitpose.files import staged_files
-from vitpose.models.checkpoint import unwrap_model
 from vitpose.models.spec import METADATA_KEY, spec_of_model
+from vitpose.models.wrappers import unwrap_model
 from vitpose.topdown import forward_heatmaps
 
 __all__ = ["FORMATS", "ExportGraph", "GateError", "GateReport", "GateRun", "MissingDependencyError",

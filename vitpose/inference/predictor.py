@@ -27,7 +27,7 @@ from vitpose.device import default_batch_size, resolve_device, resolve_precision
 from vitpose.inference.pipeline import TopDown
 from vitpose.inference.results import Poses, StageTimer
 from vitpose.inference.warp import warp_affine_uint8
-from vitpose.models.checkpoint import unwrap_model
+from vitpose.models.wrappers import unwrap_model
 from vitpose.topdown import forward_heatmaps
 
 __all__ = ["Poses", "Predictor", "StageTimer"]

@@ -7,8 +7,8 @@ flip indices, limbs, sigmas, ... as a plain dict, so that this layer needs nothi
 records it as JSON (`ModelSpec.to_json`): training checkpoints (`model_spec`), `save_weights`
 safetensors (metadata key `vitpose.model_spec`), ONNX metadata and torch.export extra files.
 Files made elsewhere (MMPose, the official release, HF, ViTPose+) get theirs from their tensor
-shapes (`vitpose.models.checkpoint.infer_model_spec`), the HF `config.json`, the named-model table
-(`vitpose.models.hub`) or the ViTPose+ expert.
+shapes (`vitpose.models.layouts.infer_model_spec`), the HF `config.json`, the named-model table
+(`vitpose.hub`) or the ViTPose+ expert.
 
 The ViTPose+ experts (`EXPERTS`, `expert_name`) are listed here once for every caller.
 """
@@ -211,9 +211,9 @@ def spec_of_model(model, **fields_) -> ModelSpec:
     """The spec of a built ViTPose, read from its modules (dims, decoder, K, input size); `fields_`
     (codec, sigma, skeleton, ...) fill the rest. A model built from a spec returns that spec
     (updated with `fields_`)."""
-    from vitpose.models.checkpoint import unwrap_model
     from vitpose.models.heads import ClassicHead
     from vitpose.models.vitpose import MODEL_SIZES
+    from vitpose.models.wrappers import unwrap_model
 
     model = unwrap_model(model)
     own = getattr(model, "spec", None)

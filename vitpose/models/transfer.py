@@ -15,7 +15,7 @@ two skeletons agree (docs/recipe.md §9):
   the other channels keep the fresh initialisation.
 
 Pure tensor operations on names: this module knows nothing of data files or configs. The source
-state dict is in this project's own layout (`vitpose.models.checkpoint.convert_state_dict`).
+state dict is in this project's own layout (`vitpose.models.layouts.convert_state_dict`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Pre-norm transformer blocks (LayerNorm eps 1e-6, fused qkv, exact GELU, MLP ratio 4), an
 absolute position embedding over the patch grid (no class token) and a final LayerNorm.
-Parameter names follow timm; vitpose.models.checkpoint maps MMPose / official / HF names here.
+Parameter names follow timm; vitpose.models.layouts maps MMPose / official / HF names here.
 docs/model.md §1 lists where each detail comes from.
 """
 

@@ -35,8 +35,8 @@ from pathlib import Path
 from vitpose.errors import UserError
 from vitpose.files import atomic_file
 
-__all__ = ["DownloadError", "ModelInfo", "UnknownModelError", "download", "download_hf", "download_url", "hf_config",
-           "is_cached_download", "is_offline", "list_models", "lookup", "parse_repo_id"]
+__all__ = ["DownloadError", "ModelInfo", "UnknownModelError", "WeightsNotFoundError", "download", "download_hf",
+           "download_url", "hf_config", "is_cached_download", "is_offline", "list_models", "lookup", "parse_repo_id"]
 
 MMPOSE_URL = "https://download.openmmlab.com/mmpose/v1/body_2d_keypoint/topdown_heatmap/coco/"
 HF_FILENAME = "model.safetensors"
@@ -46,6 +46,10 @@ TIMEOUT_ENV, TRIES_ENV = "VITPOSE_DOWNLOAD_TIMEOUT", "VITPOSE_DOWNLOAD_TRIES"
 DEFAULT_TIMEOUT_S, DEFAULT_TRIES = 30.0, 3
 # An HF repo id, optionally pinned: `org/repo` or `org/repo@revision` (a branch, tag or commit).
 REPO_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[\w./-]+))?$")
+
+
+class WeightsNotFoundError(UserError, FileNotFoundError):
+    """A weights file path that does not exist."""
 
 
 class UnknownModelError(UserError, ValueError):
@@ -186,8 +190,6 @@ def download(name_or_path: str | os.PathLike, progress: bool = True, check_hash:
         UnknownModelError: neither a file nor a published name (the message names the closest).
         DownloadError: not cached and not downloadable; the message says what to fetch and where.
     """
-    from vitpose.models.checkpoint import WeightsNotFoundError
-
     path = Path(name_or_path).expanduser()
     if path.is_file():
         return path
