@@ -4,12 +4,18 @@ Both are part of the repository (tests/fixtures/README.md, tests/data/coco-mini/
 missing file is an error of the checkout, reported as a failure rather than a skip.
 """
 
+import sys
 from pathlib import Path
 
 import pytest
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
+# `train.py` and `evaluate.py` (the standalone scripts several tests import) live at the repository
+# root, which is on sys.path only under `python -m pytest` or PYTHONPATH; plain `pytest tests/x.py`
+# must find them too, whichever file runs alone.
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 FIXTURES = TESTS / "fixtures"
 COCO_MINI = TESTS / "data" / "coco-mini"
 
