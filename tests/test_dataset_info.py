@@ -179,8 +179,17 @@ def _raises(parts, fn):
 
 def test_unknown_name_lists_the_builtins():
     _raises(["unknown dataset 'cocoo'", "did you mean 'coco'", *BUILTIN_NAMES], lambda: dataset_info("cocoo"))
-    _raises(["unknown dataset 'horses'", "coco, coco_wholebody, aic, mpii, ap10k, apt36k"],
+    _raises(["unknown dataset 'horses'", "aic, ap10k, apt36k, coco, coco_wholebody, mpii"],
             lambda: dataset_info("horses"))
+
+
+def test_builtins_are_the_files_of_the_skeletons_folder():
+    """No hard-coded list: every YAML of vitpose/data/skeletons/ is a built-in, and only those."""
+    import vitpose.data.metainfo as metainfo
+
+    folder = Path(metainfo.__file__).parent / "skeletons"
+    assert BUILTIN_NAMES == tuple(sorted(p.stem for p in folder.glob("*.yaml")))
+    assert {"coco", "mpii", "ap10k"} <= set(BUILTIN_NAMES)
 
 
 def test_missing_files(tmp_path):
