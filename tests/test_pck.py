@@ -171,6 +171,13 @@ def test_evaluate_command_prints_mmposes_pck_auc_epe(tmp_path, monkeypatch, caps
     assert "COCOeval" not in out and "PCK@0.2 (distance / the longer side of the GT box)" in out
     results = json.loads((tmp_path / "eval" / "predictions.coco_results.json").read_text())
     assert sorted(r["id"] for r in results) == sorted(FIXTURE["kept_ids"])
+    # Detected boxes match no annotation: refused in one line before any work.
+    code = main(["evaluate", "--config", str(HAND21), "--checkpoint", str(checkpoint), "--data-root", str(root),
+                 "--bbox-file", str(tmp_path / "dets.json"), "--out", str(tmp_path / "eval2" / "p.json")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip().splitlines()[-1] == (
+        "vitpose evaluate: error: --bbox-file: the skeleton 'demo_hand21' is scored with PCK, which compares each "
+        "annotated instance with its prediction on the ground-truth box; leave out --bbox-file")
 
 
 @pytest.mark.filterwarnings("ignore:.*have no prediction")
