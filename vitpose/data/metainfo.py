@@ -13,8 +13,10 @@
 - a skeleton YAML file (`*.yaml` / `*.yml`, the format below), for a user's own keypoints;
 - a COCO-format annotation file (`*.json`): `categories[0]` gives the keypoint names and the
   1-based `skeleton`; flip pairs come from left/right names, everything else is the default.
-  When the names are exactly those of a built-in (coco, aic, mpii, ap10k), that built-in is
-  returned (with the file as its source): a COCO file gets COCO's sigmas and half-body sets.
+  When the names are exactly those of a built-in, that built-in is returned (with the file as its
+  source): a COCO file gets COCO's sigmas, half-body sets, metric and detector classes. Otherwise a
+  category named as a COCO detection class (`"name": "person"`, `"dog"`) is found as that class,
+  any other as the whole image (full-frame).
 
 The skeleton YAML format (only `keypoints` is required)::
 
