@@ -210,3 +210,12 @@ def test_predict_command_names_a_misspelt_class_before_loading_a_model(tmp_path,
     assert err.strip().splitlines()[-1] == ("vitpose predict: error: --det-classes: 'dgo' is not a COCO class name or "
                                             "label id; did you mean dog? e.g. person, dog, horse, cow, or ids 1-90 "
                                             "(80 classes)")
+
+
+def test_skeleton_class_names_are_torchvisions_coco_classes():
+    """A skeleton's detector_classes are checked against vitpose.coco_meta.DETECTION_CLASSES when it is
+    read (no torchvision there); the detectors use torchvision's label list: the two must agree."""
+    from vitpose.coco_meta import DETECTION_CLASSES
+
+    names = [n for n in detect.coco_label_names() if n not in ("__background__", "N/A")]
+    assert list(DETECTION_CLASSES) == names

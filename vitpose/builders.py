@@ -138,27 +138,22 @@ def build_val_set(cfg: Config, root: str | Path | None = None, bbox_file: str | 
     )
 
 
-def _evaluation_kind(info) -> str:
-    """'coco', 'coco_wholebody' or 'mpii': how a skeleton's data is scored (by its annotation
-    format when it has one, else by its name)."""
-    kind = getattr(info, "annotation_format", None) or getattr(info, "name", "coco")
-    return kind if kind in ("coco_wholebody", "mpii") else "coco"
-
-
 def build_evaluator(cfg: Config, info=None, root: str | Path | None = None):
-    """The evaluator of the validation set, as MMPose scores its dataset (docs/evaluation.md §8).
+    """The evaluator of the validation set: the skeleton's `metric`, as MMPose scores such data
+    (docs/evaluation.md §8).
 
     Args:
-        cfg: the config (`data.val_ann`, `eval.*`).
-        info: the skeleton of `data.dataset_info` (its `name`, `sigmas` and, when it has one,
-            `annotation_format`). None: COCO's 17 keypoints, allowed only for `data.dataset_info: coco`.
+        cfg: the config (`data.val_ann`, `data.val_bbox_file`, `eval.*`).
+        info: the skeleton of `data.dataset_info` (its `metric`, `sigmas`, `annotation_format`,
+            PCK settings). None: COCO's 17 keypoints, allowed only for `data.dataset_info: coco`.
         root: the data root (default `data.root`).
 
-    COCO-WholeBody data gets a WholeBodyEvaluator, MPII data a PCKhEvaluator (`eval.headbox_file`),
-    everything else (COCO, AIC, AP-10K, APT-36K, a user's own skeleton) a CocoEvaluator with the
-    skeleton's OKS sigmas and `eval.use_area`.
+    metric "pckh": a PCKhEvaluator (MPII, `eval.headbox_file`); "pck": a PCKEvaluator (MMPose's
+    PCKAccuracy by box size, AUC, EPE; ground-truth boxes only); "coco-oks": a WholeBodyEvaluator
+    for COCO-WholeBody's format, else a CocoEvaluator with the skeleton's OKS sigmas and `eval.use_area`.
     """
     from vitpose.evaluation.coco_evaluator import CocoEvaluator
+    from vitpose.evaluation.pck import PCKEvaluator
     from vitpose.evaluation.pckh import PCKhEvaluator
     from vitpose.evaluation.wholebody import WholeBodyEvaluator
 
@@ -167,18 +162,24 @@ def build_evaluator(cfg: Config, info=None, root: str | Path | None = None):
     if info is None and cfg.data.dataset_info != "coco":
         raise ConfigError(f"build_evaluator: data.dataset_info is {cfg.data.dataset_info!r}; pass its skeleton "
                           f"(info=) so that the evaluator gets its keypoints and sigmas")
-    sigmas = getattr(info, "sigmas", None) or None
-    kind = "coco" if info is None else _evaluation_kind(info)
-    if kind == "mpii":
+    info = dataset_info("coco") if info is None else info
+    if info.metric == "pckh":
         if not cfg.eval.headbox_file:
             raise ConfigError("eval.headbox_file is not set: MPII's PCKh needs the head boxes of the validation "
                               "annotations (MPII's mpii_gt_val.mat, under data.root)")
         headbox = Path(cfg.eval.headbox_file)
         return PCKhEvaluator(ann_file, headbox if headbox.is_absolute() else root / headbox)
+    if info.metric == "pck":
+        if cfg.data.val_bbox_file:
+            raise ConfigError(f"data.val_bbox_file is set, but the skeleton {info.name!r} is scored with PCK "
+                              "(its metric), which compares each annotated instance with its prediction on the "
+                              "ground-truth box: set data.val_bbox_file: null")
+        return PCKEvaluator(ann_file, info.num_keypoints, threshold=info.pck_threshold,
+                            normalizer=info.pck_normalizer)
     protocol = dict(score_mode=cfg.eval.score_mode, keypoint_score_thr=cfg.eval.keypoint_score_thr,
-                    nms_mode=cfg.eval.nms_mode, nms_thr=cfg.eval.nms_thr, sigmas=sigmas,
+                    nms_mode=cfg.eval.nms_mode, nms_thr=cfg.eval.nms_thr, sigmas=info.sigmas,
                     use_area=cfg.eval.use_area)
-    if kind == "coco_wholebody":
+    if info.annotation_format == "coco_wholebody":
         return WholeBodyEvaluator(ann_file, **protocol)
     return CocoEvaluator(ann_file, **protocol)
 

@@ -100,8 +100,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-flip", action="store_true", help="skip the flip test (about 2x faster)")
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: CUDA when available)")
     p.add_argument("--det-classes", nargs="+", default=None, metavar="CLASS",
-                   help="COCO classes the detector keeps, names or ids (default: the model's skeleton's: "
-                        "bird..giraffe for AP-10K / APT-36K, person otherwise)")
+                   help="COCO classes the detector keeps, names or ids (default: the model's skeleton's "
+                        "detector_classes: person for COCO, bird..giraffe for AP-10K / APT-36K; a skeleton that "
+                        "names none is cropped full-frame)")
     p.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
                    help="auto (default): fp16 on CUDA, bf16 on a CPU with AVX512-BF16 or AMX (ViTPose-S "
                         "2.1-2.6x faster than fp32 there), else fp32; what auto picks passed the accuracy gate, "

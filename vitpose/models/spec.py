@@ -38,8 +38,11 @@ EXPERT_ALIASES = {"wholebody": "coco_wholebody", "coco-wholebody": "coco_wholebo
                   "apt-36k": "apt36k", "ai_challenger": "aic"}
 
 # The fields of `vitpose.data.DatasetInfo` a spec records (its `source` and `defaulted` are not).
+# Files written before a skeleton named its metric and detector classes lack those four; the
+# DatasetInfo made from such a record fills them as a skeleton file without them does.
 SKELETON_FIELDS = ("name", "keypoint_names", "flip_indices", "upper_body_ids", "lower_body_ids",
-                   "joint_weights", "sigmas", "skeleton", "keypoint_colors", "link_colors", "annotation_format")
+                   "joint_weights", "sigmas", "skeleton", "keypoint_colors", "link_colors", "annotation_format",
+                   "metric", "pck_normalizer", "pck_threshold", "detector_classes")
 CODECS = ("UDPHeatmap", "MSRAHeatmap")
 
 
