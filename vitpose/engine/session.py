@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import sys
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,6 +142,9 @@ def set_up_model(cfg: Config, ctx: D.DistContext, resume: str | None, batches_pe
         for field, source in (("model.pretrained", cfg.model.pretrained), ("model.init", cfg.model.init)):
             if source:
                 print(f"resuming: {field} = {source!r} is not read again (the checkpoint holds every weight)")
+    if ctx.is_main:
+        for warning in freeze_warnings(cfg):
+            print(f"warning: {warning}", file=sys.stderr)
     model.to(ctx.device)
     global_batch = cfg.loader.batch_size * ctx.world_size * cfg.optim.accum_steps
     optimizer, schedule = build_optimizer(model, cfg.optim, cfg.schedule, global_batch)
@@ -154,6 +158,21 @@ def set_up_model(cfg: Config, ctx: D.DistContext, resume: str | None, batches_pe
     if found is not None:
         state = resume_from(found, cfg, model, optimizer, precision, ctx, batches_per_epoch)
     return TrainRun(model, wrap_for_training(model, cfg, ctx), optimizer, schedule, precision, ctx, state)
+
+
+def freeze_warnings(cfg: Config) -> list[str]:
+    """`train.freeze_backbone_epochs` settings that cannot help: a backbone frozen for the whole
+    run, or a randomly initialised one frozen (its random features would stay fixed)."""
+    frozen, epochs = cfg.train.freeze_backbone_epochs, cfg.schedule.epochs
+    warnings = []
+    if frozen and frozen >= epochs:
+        warnings.append(f"train.freeze_backbone_epochs={frozen} with schedule.epochs={epochs}: the backbone "
+                        f"never trains in this run, only the head does; set it below {epochs} to fine-tune "
+                        f"the backbone too")
+    if frozen and not (cfg.model.init or cfg.model.pretrained):
+        warnings.append(f"train.freeze_backbone_epochs={frozen} freezes a randomly initialised backbone "
+                        f"(neither model.init nor model.pretrained is set); give --init SOURCE or set it to 0")
+    return warnings
 
 
 def wrap_for_training(model, cfg: Config, ctx: D.DistContext):
