@@ -132,3 +132,25 @@ def test_boxes_on_an_exif_rotated_image_get_a_note(tmp_path, tiny, capsys):
 
     code, _, err = run_cli([tmp_path / "imgs", *common(tiny), "--detector", "full-frame"], capsys)
     assert code == 0 and "EXIF orientation" not in err  # no boxes given: nothing to say
+
+
+def test_explicit_bf16_on_a_cpu_that_emulates_it_is_said_once(tmp_path, tiny, caplog, capsys, monkeypatch):
+    # N26: `--precision bf16` where bf16 is emulated ran 9x slower than fp32, silently. It is taken
+    # as asked (the user may want bf16's numbers) with one warning line; auto and fp32 say nothing.
+    from vitpose import device as device_module
+
+    monkeypatch.setattr(device_module, "cpu_has_native_bf16", lambda: False)  # an AVX2 CPU
+    for precision in ("auto", "fp32", "fp16"):
+        device_module.resolve_precision(precision, "cpu")
+    assert not caplog.records
+    write_images(tmp_path / "imgs", ["a.png"])
+    code, _, err = run_cli([tmp_path / "imgs" / "a.png", *common(tiny), "--detector", "full-frame",
+                            "--precision", "bf16"], capsys)
+    assert code == 0, err
+    (warning,) = [r for r in caplog.records if r.levelname == "WARNING"]  # stderr, without a handler set up
+    assert warning.getMessage().startswith("precision bf16: this CPU has no native bf16")
+    assert "use auto or fp32" in warning.getMessage() and "\n" not in warning.getMessage()
+    caplog.clear()
+    monkeypatch.setattr(device_module, "cpu_has_native_bf16", lambda: True)  # native: nothing to say
+    device_module.resolve_precision("bf16", "cpu")
+    assert not caplog.records
