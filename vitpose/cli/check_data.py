@@ -22,6 +22,7 @@ from vitpose.data import check as C
 from vitpose.data.errors import DataError
 from vitpose.data.metainfo import dataset_info
 from vitpose.engine.preflight import check_datasets, preflight  # noqa: F401 (preflight: the fast subset)
+from vitpose.errors import UserError
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -39,6 +40,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def run(args) -> int:
     cfg = load_config(args.config, args.overrides)
     root = Path(args.data_root or cfg.data.root)
+    check_synthetic_set_written(cfg, root, args.config)
     # Not build_dataset_info: a model K that differs from the skeleton's is a row of the table.
     info = dataset_info(dataset_info_path(cfg, root))
     sets = {}
@@ -54,3 +56,16 @@ def run(args) -> int:
     report.blocks += checked.blocks
     print(report.format(), end="")
     return 1 if report.errors else 0
+
+
+def check_synthetic_set_written(cfg, root: Path, config) -> None:
+    """A config of a synthetic set (the demos) has nothing to check until `vitpose train` wrote the
+    set: say so in one line (UserError) instead of a table of missing annotation files."""
+    if cfg.data.synthetic_train_images <= 0:
+        return
+    missing = [root / name for name in (cfg.data.train_ann, cfg.data.val_ann) if not (root / name).is_file()]
+    if missing:
+        raise UserError(f"--config {config}: its data is a synthetic set that `vitpose train --config {config}` "
+                        f"writes to {root} before training, and it is not written yet ({missing[0]} not found): "
+                        f"run that first, or check your own data (--data-root DIR with "
+                        f"--set data.synthetic_train_images=0)")

@@ -46,6 +46,7 @@ from vitpose.errors import UserError
 from vitpose.files import check_output
 from vitpose.inference.pipeline import (
     IMAGE_SUFFIXES,
+    VIDEO_SUFFIXES,
     ResultsFile,
     classify_source,
     coco_records,
@@ -131,6 +132,11 @@ def list_images(sources: list[str]) -> list[Path]:
         if source.is_dir():
             found = sorted(p for p in source.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and not p.is_dir())
             if not found:
+                videos = sorted(p.name for p in source.iterdir() if p.suffix.lower() in VIDEO_SUFFIXES)
+                if videos:  # a folder is read for images only: a video goes alone, as the only SOURCE
+                    raise UsageError(f"no images in {source}, but {len(videos)} video file(s) (e.g. {videos[0]}): "
+                                     f"give videos one at a time, each as the only SOURCE "
+                                     f"(vitpose predict {source / videos[0]} ...)")
                 raise UsageError(f"no images in {source} (looked for {', '.join(IMAGE_SUFFIXES)})")
             paths += found
         else:
@@ -392,6 +398,24 @@ class _ImageRun:
         self.failed: list[str] = []
         self.people = self.nobody = self.done = 0
         self.skeleton = getattr(predictor, "skeleton", None)
+        self.exif_noted = False
+
+    def note_exif_orientation(self, paths, images) -> None:
+        """With --boxes, one note for the first image that has an EXIF orientation: OpenCV decodes
+        it turned or mirrored upright, and its boxes are taken in that frame."""
+        from vitpose.data.image_io import exif_orientation
+
+        if self.exif_noted:
+            return
+        for path, image in zip(paths, images):
+            orientation = exif_orientation(path)
+            if orientation != 1:
+                self.exif_noted = True
+                print(f"vitpose predict: note: {path} has EXIF orientation {orientation}: it is decoded turned "
+                      f"upright ({image.shape[1]}x{image.shape[0]}, as a viewer shows it) and --boxes are taken "
+                      f"in that frame, not the stored pixels' (noted for the first such image only)",
+                      file=sys.stderr)
+                return
 
     def predict(self, images, given, names) -> list:
         """The predictor on a chunk of images; when it fails, image by image (one bad image costs one)."""
@@ -483,7 +507,10 @@ def predict_images(predictor, paths: list[Path], args, boxes=(None, None), stop=
                     chunk, images, taken = _decode_chunk(queue, paths, args.batch_images, state.failed)
                 if not taken:
                     break
-                given = None if table is None else [_boxes_of(table, key, names[i], state.ids[i]) for i in chunk]
+                given = None
+                if table is not None:
+                    state.note_exif_orientation([paths[i] for i in chunk], images)
+                    given = [_boxes_of(table, key, names[i], state.ids[i], image) for i, image in zip(chunk, images)]
                 found = state.predict(images, given, [names[i] for i in chunk]) if chunk else []
                 for i, image, poses in zip(chunk, images, found):
                     if poses is not None:
@@ -518,8 +545,8 @@ def _annotation_writer(args, predictor):
     return render
 
 
-def _boxes_of(table, key: str, name: str, image_id: int) -> np.ndarray:
-    found = table.lookup(key, name if key == "file_name" else image_id)
+def _boxes_of(table, key: str, name: str, image_id: int, image) -> np.ndarray:
+    found = table.lookup(key, name if key == "file_name" else image_id, (image.shape[1], image.shape[0]))
     return np.concatenate([found.boxes, found.scores[:, None]], axis=1)
 
 

@@ -46,6 +46,10 @@ PERSON_LABEL = 1  # COCO category id of "person" in torchvision's 91-entry label
 # space): what AP-10K's and APT-36K's animals are found as by a COCO detector.
 ANIMAL_LABELS = (16, 17, 18, 19, 20, 21, 22, 23, 24, 25)
 DEFAULT_SCORE_THRESHOLD = 0.3  # MMPose's top-down demo (`--bbox-thr 0.3`)
+# An image whose longest side is more than this many times the detector's working side is shrunk
+# (in uint8) before the detector converts it to float (PersonDetector._shrunk). 2: images up to
+# ~2666 px are given as they are (the numbers of ordinary photos and video frames do not change).
+SHRINK_ABOVE = 2.0
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,36 @@ class PersonDetector:
         self.person_label = int(person_label)
         self.labels = tuple(int(label) for label in labels) if labels is not None else (self.person_label,)
 
+    def working_side(self) -> int | None:
+        """The longest image side the model's own transform resizes to (torchvision's
+        GeneralizedRCNNTransform: `max_size`, `min_size`, `fixed_size`), None when it has none."""
+        transform = getattr(self.model, "transform", None)
+        sides = [getattr(transform, "max_size", None), *(getattr(transform, "min_size", None) or ()),
+                 *(getattr(transform, "fixed_size", None) or ())]
+        sides = [int(side) for side in sides if side]
+        return max(sides) if sides else None
+
+    def _shrunk(self, image: np.ndarray) -> tuple[np.ndarray, float, float]:
+        """The image the detector is given and the factors (x, y) back to the image's pixels.
+
+        torchvision's detectors resize every image to their working size (~800 x 1333) inside the
+        model, but only after converting it to float and normalising it at full size: 4 bytes a
+        channel, in two or three copies, so a 12000x9000 photo took 3.6 GB for the detector alone.
+        An image more than SHRINK_ABOVE times the working side is shrunk first, in uint8 (area
+        averaging), to that side: the model still shrinks the rest of the way itself, so its input
+        is never smaller than what it would have used, and smaller images are given as they are.
+        """
+        side = self.working_side()
+        height, width = image.shape[:2]
+        if side is None or max(height, width) <= SHRINK_ABOVE * side:
+            return image, 1.0, 1.0
+        import cv2
+
+        factor = side / max(height, width)
+        size = (max(1, round(width * factor)), max(1, round(height * factor)))
+        small = cv2.resize(image, size, interpolation=cv2.INTER_AREA)
+        return small, width / size[0], height / size[1]
+
     def _as_input(self, image: np.ndarray, channels: str) -> torch.Tensor:
         # Upload uint8 (4x fewer bytes) and convert on the device.
         t = torch.from_numpy(np.ascontiguousarray(image)).to(self.device, non_blocking=True)
@@ -143,8 +177,13 @@ class PersonDetector:
             raise ValueError(f"channels must be 'rgb' or 'bgr', got {channels!r}")
         found: list[Detections] = []
         for start in range(0, len(images), self.batch_size):
-            batch = [self._as_input(image, channels) for image in images[start:start + self.batch_size]]
-            found += [self._people(out) for out in self.model(batch)]
+            shrunk = [self._shrunk(image) for image in images[start:start + self.batch_size]]
+            outputs = self.model([self._as_input(image, channels) for image, _, _ in shrunk])
+            for output, (_, fx, fy) in zip(outputs, shrunk):
+                people = self._people(output)
+                if fx != 1.0 or fy != 1.0:  # back to the pixels of the image given
+                    people.boxes[:] *= np.array([fx, fy, fx, fy], np.float32)
+                found.append(people)
         return found
 
 

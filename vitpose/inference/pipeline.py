@@ -32,6 +32,12 @@ from vitpose.inference.results import Detections, Poses, StageTimer
 __all__ = ["BoxTable", "ResultsFile", "TopDown", "classify_source", "coco_records", "image_ids",
            "read_boxes_file", "read_records"]
 
+_COCO_ID = re.compile(r"[0-9]+")  # ASCII digits only: "²" is a digit to str.isdigit, not to int()
+MAX_WEBCAM_INDEX = 2**31 - 1  # cv2.VideoCapture(index) takes a C int
+# A caller's box may reach past the image (a person at its edge), but one that misses the image
+# or spans more than this many times its width or height is no person in it: boxes made for
+# another image size or another image, or a unit mistake (1e30-pixel boxes gave keypoints ~5e29).
+MAX_BOX_SPAN = 10
 KEYPOINT_SCORE_THR = 0.2  # MMPose's keypoint_score_thr for the instance score (CocoMetric's default)
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".jp2", ".pgm", ".ppm")
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg", ".wmv", ".flv", ".ts")
@@ -109,6 +115,14 @@ class TopDown:
             if len(boxes) != len(images):
                 raise ValueError(f"{len(images)} images but {len(boxes)} box arrays")
             found = [caller_boxes(b, box_format) for b in boxes]
+            for i, (image, given) in enumerate(zip(images, found)):
+                outside = np.flatnonzero(boxes_outside_image(given.boxes, image.shape[1], image.shape[0]))
+                if len(outside):
+                    j = int(outside[0])
+                    box = ", ".join(f"{v:.6g}" for v in given.boxes[j])
+                    raise ValueError(f"box {j}{'' if single else f' of image {i}'} [{box}] (xyxy) "
+                                     f"lies far outside the {image.shape[1]}x{image.shape[0]} image (it misses it or "
+                                     f"spans over {MAX_BOX_SPAN}x its size): boxes for another image or size?")
         poses = self._pose(images, found, channels)
         return poses[0] if single else poses
 
@@ -167,7 +181,18 @@ def as_image(image) -> np.ndarray:
     if not isinstance(image, np.ndarray) or image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
         got = f"{image.shape} {image.dtype}" if isinstance(image, np.ndarray) else type(image).__name__
         raise ValueError(f"image must be (H, W, 3) uint8 (or a PIL image), got {got}")
+    if image.shape[0] == 0 or image.shape[1] == 0:
+        raise ValueError(f"image has no pixels: shape {image.shape}")
     return image
+
+
+def boxes_outside_image(boxes, width: int, height: int) -> np.ndarray:
+    """(M,) True for each xyxy box (M, 4) that misses the `width` x `height` image or spans
+    more than MAX_BOX_SPAN times its width or height (see MAX_BOX_SPAN)."""
+    b = np.asarray(boxes, np.float64).reshape(-1, 4)
+    misses = (b[:, 2] <= 0) | (b[:, 3] <= 0) | (b[:, 0] >= width) | (b[:, 1] >= height)
+    too_big = (b[:, 2] - b[:, 0] > MAX_BOX_SPAN * width) | (b[:, 3] - b[:, 1] > MAX_BOX_SPAN * height)
+    return misses | too_big
 
 
 def caller_boxes(boxes, box_format: str = "xyxy") -> Detections:
@@ -192,8 +217,17 @@ def caller_boxes(boxes, box_format: str = "xyxy") -> Detections:
 
 
 def classify_source(source) -> str:
-    """"webcam" (an int, or digits that name no file), "dir", "video" (by suffix) or "image"."""
-    if isinstance(source, int) or (str(source).isdigit() and not Path(str(source)).exists()):
+    """"webcam" (an int, or ASCII digits that name no file), "dir", "video" (by suffix) or "image".
+
+    Digits too large for a camera index (OpenCV takes a C int) that name no file raise UserError.
+    """
+    if isinstance(source, int):
+        return "webcam"
+    text = str(source)
+    if _COCO_ID.fullmatch(text) and not Path(text).exists():  # "²" is a digit to str.isdigit, not to int()
+        if int(text) > MAX_WEBCAM_INDEX:
+            raise UserError(f"source not found: {text} (no such file, and too large for a webcam index, "
+                            f"0 to {MAX_WEBCAM_INDEX})")
         return "webcam"
     path = Path(source).expanduser()
     if path.is_dir():
@@ -201,7 +235,6 @@ def classify_source(source) -> str:
     return "video" if path.suffix.lower() in VIDEO_SUFFIXES else "image"
 
 
-_COCO_ID = re.compile(r"[0-9]+")  # ASCII digits only: "²" is a digit to str.isdigit, not to int()
 
 
 def image_ids(names: Sequence[str]) -> tuple[list[int], bool]:
@@ -224,19 +257,33 @@ def image_ids(names: Sequence[str]) -> tuple[list[int], bool]:
 
 
 class BoxTable:
-    """Person boxes of a detection file: `by_key[kind][value] -> Detections` for the kinds
-    "image_id", "file_name" and "frame" that its records carry (`read_boxes_file`)."""
+    """Person boxes of a detection file: `by_key[kind][value]` -> rows [x, y, w, h, score, record
+    index] for the kinds "image_id", "file_name" and "frame" that its records carry
+    (`read_boxes_file`); `lookup` gives them as Detections."""
 
-    def __init__(self, path: Path, by_key: dict[str, dict]):
+    def __init__(self, path: Path, by_key: dict[str, dict], flag: str = "--boxes"):
         self.path = path
         self.by_key = by_key
+        self.flag = flag
 
-    def lookup(self, kind: str, value) -> Detections:
+    def lookup(self, kind: str, value, image_size: tuple[int, int] | None = None) -> Detections:
+        """The boxes of the image or frame `value` (by `kind`); with its `image_size` (width,
+        height), a box that lies far outside it (`boxes_outside_image`) raises UserError naming
+        the file and the record."""
         rows = self.by_key[kind].get(value)
         if rows is None:
             return Detections(np.zeros((0, 4), np.float32), np.zeros(0, np.float32))
-        rows = np.asarray(rows, np.float32)
-        return Detections(bbox_xywh2xyxy(rows[:, :4].copy()), rows[:, 4].copy())
+        rows = np.asarray(rows, np.float64)
+        xyxy = bbox_xywh2xyxy(rows[:, :4].astype(np.float32))
+        if image_size is not None:
+            outside = np.flatnonzero(boxes_outside_image(xyxy, *image_size))
+            if len(outside):
+                row = rows[outside[0]]
+                raise UserError(f"{self.flag}: {self.path}: record [{int(row[5])}]: field 'bbox' "
+                                f"{[float(v) for v in row[:4]]} lies far outside {kind} {value!r}'s "
+                                f"{image_size[0]}x{image_size[1]} image (it misses it or spans over "
+                                f"{MAX_BOX_SPAN}x its size): boxes for another image or image size?")
+        return Detections(xyxy, rows[:, 4].astype(np.float32))
 
     def keyed_by(self, kind: str) -> bool:
         return kind in self.by_key
@@ -296,14 +343,14 @@ def read_boxes_file(path, flag: str = "--boxes") -> BoxTable:
         if not isinstance(record, dict):
             raise UserError(f"{where}: expected an object, got {type(record).__name__}")
         keys = _record_key(record, where)
-        row = _record_row(record, where)
+        row = _record_row(record, where) + [i]
         if record.get("category_id", 1) != 1:
             continue
         here = {kind for kind, _ in keys}
         kinds = here if kinds is None else kinds & here
         for kind, value in keys:
             by_key.setdefault(kind, {}).setdefault(value, []).append(row)
-    return BoxTable(path, {kind: table for kind, table in by_key.items() if kinds is None or kind in kinds})
+    return BoxTable(path, {kind: table for kind, table in by_key.items() if kinds is None or kind in kinds}, flag)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -427,7 +427,7 @@ def _predict_frames(predictor, frames: list[Frame], boxes, failed: list[str],
     given = None
     if table is not None:
         given = [np.concatenate([d.boxes, d.scores[:, None]], axis=1)
-                 for d in (table.lookup(key, f.index) for f in frames)]
+                 for d in (table.lookup(key, f.index, (f.bgr.shape[1], f.bgr.shape[0])) for f in frames)]
     try:
         found = predictor([f.bgr for f in frames], boxes=given, channels="bgr")
     except Exception as e:  # noqa: BLE001 - any failure on one frame's pixels costs that frame
