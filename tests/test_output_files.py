@@ -155,7 +155,7 @@ def test_links_at_every_guessable_temp_name_never_redirect_a_write(tmp_path, mon
     results = ResultsFile(folder / "r.jsonl", "frame")
     results.write([{"frame": 0}])
     results.close(completed=True)
-    plant(".vitpose-video.aaaaaaaa.avi")
+    plant(".vitpose-video.aaaaaaaa.tmp")
     from vitpose.inference.video import VideoFile
 
     video = VideoFile(folder / "v.avi", 10.0, (32, 24))
@@ -172,6 +172,25 @@ def test_links_at_every_guessable_temp_name_never_redirect_a_write(tmp_path, mon
     assert (folder / "w.json").read_text() == "write_atomic" and (folder / "f.bin").read_bytes() == b"atomic_file"
     assert (folder / "p.bin").read_bytes() == b"atomic_path" and (folder / "m.onnx").read_bytes() == b"staged_files"
     assert strict_records(folder / "r.jsonl") == [{"frame": 0}] and cv2.VideoCapture(str(folder / "v.avi")).read()[0]
+
+
+def test_the_crop_cache_is_built_in_a_new_folder_whatever_is_planted_beside_it(tmp_path, coco_mini_dir, monkeypatch):
+    """The crop cache was staged in `CACHE.tmp-PID` (a guessable name): links planted there and at
+    the first name mkdtemp tries leave their target folder empty; the cache is built, with the
+    folder mode mkdir gives (not mkdtemp's 0700)."""
+    from vitpose.data import crop_cache
+    from vitpose.data.coco import CocoKeypoints
+
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    monkeypatch.setattr(tempfile, "_get_candidate_names", lambda: iter(["aaaaaaaa", "bbbbbbbb"]))
+    for name in (f"cache.tmp-{os.getpid()}", ".cache.aaaaaaaa.tmp"):
+        (tmp_path / name).symlink_to(victim)
+    ds = CocoKeypoints(coco_mini_dir / "test_coco.json", coco_mini_dir, train=True, encode_targets=False)
+    info = crop_cache.build_crop_cache(ds.index, ds.img_dir, tmp_path / "cache", ds.input_size, num_workers=1)
+    assert info["regions"] > 0 and (tmp_path / "cache").is_dir() and not list(victim.iterdir())
+    (tmp_path / "plain").mkdir()
+    assert stat.S_IMODE(os.stat(tmp_path / "cache").st_mode) == stat.S_IMODE(os.stat(tmp_path / "plain").st_mode)
 
 
 # ------------------------------------------------------------------ N3: devices and pipes

@@ -56,7 +56,7 @@ from vitpose.errors import UserError
 
 __all__ = ["DEFAULT_MAX_PIXELS", "MAX_PIXELS_ENV", "ImageReadError", "ImageTooLargeError", "OutputPathError",
            "OutputWriteError", "TEMP_SUFFIX", "atomic_file", "atomic_path", "check_output", "check_pixel_limit",
-           "create_exclusive", "image_header_size", "max_pixels_limit", "open_stream", "opencv_can_open",
+           "create_exclusive", "create_private", "image_header_size", "max_pixels_limit", "open_stream", "opencv_can_open",
            "opencv_path", "read_bytes", "read_image", "readable_mode", "rename_into_place", "replace_dir", "staged_files",
            "stream_kind", "write_atomic", "write_error", "write_image"]
 
@@ -241,6 +241,24 @@ def create_exclusive(path, suffix: str = TEMP_SUFFIX) -> tuple[int, Path]:
     return fd, Path(name)
 
 
+def create_private(path, name: str, prefix: str | None = None) -> tuple[Path, Path, os.stat_result]:
+    """For writers that open a file by its name (OpenCV's VideoWriter, onnx): a new folder beside
+    `path` (mkdtemp: a random name, mode 0700, so no other user can put a link in it) and an empty
+    file `name` created in it exclusively. Returns (the folder, the file, the file's stat); the
+    caller renames the file into place (`rename_into_place`) and removes the folder."""
+    path = as_path(path)
+    folder = Path(tempfile.mkdtemp(prefix=prefix or f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent))
+    file = folder / name
+    try:
+        fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        created = os.fstat(fd)
+        os.close(fd)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return folder, file, created
+
+
 def rename_into_place(tmp, path, created: os.stat_result) -> None:
     """fsync the finished temporary file (opened without following links, and checked to be the
     file this process created: `created` is its stat from when it was made), rename it over
@@ -268,25 +286,25 @@ def _discard(tmp: Path, error: BaseException, path: Path) -> BaseException | Non
 
 @contextlib.contextmanager
 def atomic_path(path):
-    """Yield a temporary path beside `path` (created exclusively, `create_exclusive`), for writers
-    that take a file name; when the block ends without an error, that file is fsynced and renamed
-    over `path`. On any error the temporary file is deleted and `path` is untouched; a full or
-    read-only disk is an OutputWriteError. A device or pipe at `path` is refused (OutputPathError):
-    it cannot be replaced."""
+    """Yield a temporary path for writers that take a file name: `path`'s name in a new private
+    folder beside it (`create_private`: nobody else can swap it for a link before the writer opens
+    it); when the block ends without an error, that file is fsynced and renamed over `path`. On any
+    error it is deleted and `path` is untouched; a full or read-only disk is an OutputWriteError. A
+    device or pipe at `path` is refused (OutputPathError): it cannot be replaced."""
     path = as_path(path)
     _refuse_stream(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = create_exclusive(path)
-    created = os.fstat(fd)
-    os.close(fd)
+    folder, tmp, created = create_private(path, path.name)
     try:
         yield tmp
         rename_into_place(tmp, path, created)
     except BaseException as e:
-        converted = _discard(tmp, e, path)
+        converted = write_error(e, path, kept="the previous file is intact" if path.exists() else "no file was written")
         if converted is not None:
             raise converted from e
         raise
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -574,7 +574,8 @@ def print_summary(state: _ImageRun, resumed: int, json_path, interrupted: bool, 
     if interrupted:
         why = stop.signal_name if stop is not None and stop.signal_name else "the user"
         if json_path is not None and Path(json_path) != Path(state.args.json):
-            hint = f"; {state.args.json} is unchanged, this run's results so far are in {json_path}"
+            hint = (f"; {state.args.json} is unchanged, this run's results so far are in {json_path} (run again "
+                    f"with --resume to finish them)")
         else:
             hint = "; run again with --resume to finish --json" if state.args.json is not None else ""
         print(f"vitpose predict: interrupted by {why} after {state.done} images{hint}", file=sys.stderr)

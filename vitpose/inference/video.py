@@ -33,12 +33,11 @@ continues a JSON Lines file: the frames it holds are skipped.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import queue
+import shutil
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -48,7 +47,7 @@ import cv2
 import numpy as np
 
 from vitpose.errors import UserError
-from vitpose.files import as_path, free_space, opencv_path, rename_into_place
+from vitpose.files import as_path, create_private, free_space, opencv_path, rename_into_place
 from vitpose.inference.draw import draw_people
 from vitpose.inference.pipeline import VIDEO_SUFFIXES, ResultsFile, coco_records, read_boxes_file
 from vitpose.inference.results import Poses
@@ -205,9 +204,10 @@ class VideoWriteError(UserError):
 class VideoFile:
     """A video being written to `path`, with OpenCV's VideoWriter's `write(bgr)` and `release()`.
 
-    The frames go to an ASCII-named temporary file beside `path` (`.vitpose-video.XXXXXXXX.mp4`,
-    created exclusively: OpenCV picks the container by the suffix, and crashes on names that are not
-    UTF-8; such a folder is reached through `vitpose.files.opencv_path`'s link). `release()` closes it
+    The frames go to an ASCII-named file `video.mp4` in a new private folder beside `path`
+    (`.vitpose-video.XXXXXXXX.tmp/`, `vitpose.files.create_private`: OpenCV opens it by name, and
+    nobody else can put a link there first; OpenCV picks the container by the suffix, and crashes
+    on names that are not UTF-8; such a folder is reached through `vitpose.files.opencv_path`'s link). `release()` closes it
     (OpenCV writes the container's index: a playable file), checks it (OpenCV's writer reports no
     error: a full disk only prints warnings, and leaves a file that does not open or lacks frames),
     and renames it over `path` with `vitpose.files.rename_into_place` (checked to be the file made
@@ -222,15 +222,13 @@ class VideoFile:
         self.fourcc = {".mp4": "mp4v", ".mov": "mp4v", ".m4v": "mp4v", ".avi": "MJPG", ".webm": "VP80"}.get(suffix,
                                                                                                        "XVID")
         self.frames = 0
-        fd, self.staged = tempfile.mkstemp(prefix=".vitpose-video.", suffix=suffix if suffix.isascii() else ".mp4",
-                                           dir=self.path.parent)
-        self.created = os.fstat(fd)
-        os.close(fd)
+        self.stage, self.staged, self.created = create_private(
+            self.path, "video" + (suffix if suffix.isascii() else ".mp4"), prefix=".vitpose-video.")
         with opencv_path(self.staged) as name:  # the writer has the file open once it is built
             self.writer = cv2.VideoWriter(name, cv2.VideoWriter_fourcc(*self.fourcc), float(fps), tuple(size))
         if not self.writer.isOpened():
             self.writer.release()
-            os.unlink(self.staged)
+            shutil.rmtree(self.stage, ignore_errors=True)
             raise VideoError(f"--out: cannot write the video {self.path} (codec {self.fourcc}; is the folder "
                              f"writable?)")
 
@@ -252,10 +250,8 @@ class VideoFile:
                                       f"{free_space(self.path.parent)} on its filesystem); no video was left. "
                                       f"Free some space or choose another place")
             rename_into_place(self.staged, self.path, self.created)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(self.staged)
-            raise
+        finally:
+            shutil.rmtree(self.stage, ignore_errors=True)
 
     def _unreadable(self) -> str | None:
         """Why the closed file does not hold the frames written (None: it does): it must open, declare
@@ -347,7 +343,8 @@ class VideoSummary:
         if self.interrupted:
             partial = bool(self.json_path) and self.json_path.endswith(".partial")
             lines.append(f"  interrupted: stopped by the user after {self.frames_done} frames"
-                         + ("; the results so far are in " + self.json_path + " (the earlier file is unchanged)"
+                         + ("; the results so far are in " + self.json_path + " (the earlier file is unchanged; "
+                            "run again with --resume to finish them)"
                             if partial else "; run again with --resume to finish the JSON" if self.json_path else ""))
         lines += [f"  {note}" for note in self.notes]
         if self.detector_frames is not None:
