@@ -168,11 +168,12 @@ def write_error(error: BaseException, path, flag: str | None = None, kept: str =
     a full or read-only disk; None otherwise (a bug or another cause: it passes on unchanged)."""
     if isinstance(error, OutputWriteError) or not isinstance(error, OSError) or error.errno not in _WRITE_FAILURES:
         return None
-    cause = _WRITE_FAILURES[error.errno]
-    if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+    cause, fix = _WRITE_FAILURES[error.errno], "Choose another place"
+    if error.errno != errno.EROFS:
         cause += f" ({free_space(as_path(path).parent)} on its filesystem)"
+        fix = "Free some space or choose another place"
     return OutputWriteError(error.errno, f"{flag + ': ' if flag else ''}cannot write {as_path(path)}: {cause}; "
-                                         f"{kept}. Free some space or choose another place")
+                                         f"{kept}. {fix}")
 
 
 # Outputs that are not files: a device (/dev/null, a terminal), a pipe (`--json /dev/stdout | jq`,
