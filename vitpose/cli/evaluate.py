@@ -35,7 +35,7 @@ from vitpose.engine.evaluate import format_stats, predict
 from vitpose.engine.precision import resolve_precision
 from vitpose.errors import UserError
 from vitpose.evaluation.coco_evaluator import save_predictions
-from vitpose.files import check_output, write_image
+from vitpose.files import check_output, stream_kind, write_image
 from vitpose.inference.draw import draw_pose
 from vitpose.models.checkpoint import CheckpointError
 
@@ -171,18 +171,30 @@ def describe_rescoring(cfg: Config) -> str:
 
 def check_outputs(args, cfg: Config, inputs) -> Path:
     """The predictions file (--out), its .coco_results.json and --vis, checked before any work."""
-    out = check_output(args.out or Path(cfg.train.work_dir) / "eval" / "predictions.json", "--out", inputs=inputs)
-    check_output(out.with_name(out.name.removesuffix(".json") + ".coco_results.json"), "--out", inputs=inputs)
+    # --out may be a device or pipe (/dev/null, a FIFO: written directly, without the COCO results
+    # file beside it), not this command's stdout, which carries the report
+    out = check_output(args.out or Path(cfg.train.work_dir) / "eval" / "predictions.json", "--out", inputs=inputs,
+                       streams=True, stdout=False)
+    if stream_kind(out) is None:
+        check_output(results_path(out), "--out", inputs=inputs)
     if args.vis is not None:
         check_output(args.vis, "--vis", kind="dir", inputs=inputs)
     return out
 
 
+def results_path(out: Path) -> Path:
+    """The COCO results file beside the raw predictions `--out`."""
+    return out.with_name(out.name.removesuffix(".json") + ".coco_results.json")
+
+
 def write_outputs(args, out: Path, evaluator, dataset, predictions) -> None:
     """The raw predictions, the COCO results COCOeval scored, and (--vis) drawings."""
     save_predictions(predictions, out)
-    results_file = evaluator.write_results(predictions, out.with_name(out.name.removesuffix(".json") + ".coco_results.json"))
-    print(f"written   : {out} (raw predictions), {results_file} (the COCO results scored)")
+    if stream_kind(out) is None:
+        results_file = evaluator.write_results(predictions, results_path(out))
+        print(f"written   : {out} (raw predictions), {results_file} (the COCO results scored)")
+    else:
+        print(f"written   : {out} (raw predictions; the COCO results scored are written beside a file --out)")
     if args.vis is not None:
         kept = [dict(p) for p in after_protocol(evaluator, predictions)]
         paths = draw_examples(dataset, kept, args.vis, args.vis_num)

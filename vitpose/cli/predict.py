@@ -21,9 +21,13 @@ every file name is a number (000000197388.jpg -> 197388; two names with one numb
 error), else a running index, and then `--boxes` records are matched by `file_name`.
 
 Safety: outputs are checked before any work (folder vs file, parent exists, writable) and may not
-replace an input (a source image or video, the --boxes file, the model). An existing --json is
-replaced only when the run completes (until then the results go to `<json>.partial`); with
-`--resume` it is continued: the images or frames in it are skipped. SIGINT / SIGTERM (Ctrl-C)
+replace an input (a source image or video, the --boxes file, the model) or each other (--json named
+like a drawing). An existing --json is replaced only when the run completes (until then the results
+go to a new `.<json>.XXXXXXXX.partial` beside it, created exclusively); `--resume` continues that
+file when a stopped run left one, else the --json itself: the images or frames in it are skipped
+(with --track the people keep their ids). `--json /dev/stdout` (or another device or pipe) is
+written directly, and the summary goes to stderr. Drawings keep the image's name, or get `.png`
+added when its format cannot hold colour (.pgm). SIGINT / SIGTERM (Ctrl-C)
 finish the current images or frames, close the files (a playable video, a parseable JSON) and
 exit 130; a second signal stops at once.
 
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -159,9 +164,42 @@ def output_names(paths: list[Path]) -> list[str]:
     return names
 
 
+def drawing_names(names: list[str]) -> list[str]:
+    """The file names of the drawings in --out: the image's own name, or NAME.png when its format
+    cannot hold a colour picture (.pgm is grey only), made unique among the others."""
+    taken, out = set(names), []
+    for name in names:
+        drawn = name
+        if not _holds_colour(Path(name).suffix.lower()):
+            drawn, k = f"{name}.png", 1
+            while drawn in taken:
+                drawn, k = f"{name}_{k}.png", k + 1
+            taken.add(drawn)
+        out.append(drawn)
+    return out
+
+
+_COLOUR_FORMATS: dict[str, bool] = {}
+
+
+def _holds_colour(suffix: str) -> bool:
+    """Whether OpenCV encodes a colour image in the format of `suffix` (asked once per suffix)."""
+    if suffix not in _COLOUR_FORMATS:
+        import cv2
+
+        try:
+            _COLOUR_FORMATS[suffix] = bool(cv2.imencode(suffix, np.zeros((2, 2, 3), np.uint8))[0])
+        except cv2.error:
+            _COLOUR_FORMATS[suffix] = False
+    return _COLOUR_FORMATS[suffix]
+
+
 def check_outputs(args, inputs: list[Path], video_source=None) -> None:
     """--out, --json and their combinations (see the module docstring), before any work
-    (`vitpose.files.check_output`: folder vs file, a path under a file, writable, not an input)."""
+    (`vitpose.files.check_output`: folder vs file, a path under a file, writable, not an input;
+    --json may be a device or pipe such as /dev/stdout, a drawn video may not)."""
+    from vitpose.files import stream_kind
+
     if args.resume and args.json is None:
         raise UsageError("--resume continues the --json file: give --json")
     if args.resume and args.json_array:
@@ -182,7 +220,16 @@ def check_outputs(args, inputs: list[Path], video_source=None) -> None:
         if any(path.parent.resolve() == out for path in inputs):  # the drawings keep the images' names
             raise UsageError(f"--out {args.out} is a source directory: the drawings would overwrite the images")
     if args.json is not None:
-        check_output(args.json, "--json", "file", inputs + extra + outputs)
+        check_output(args.json, "--json", "file", inputs + extra + outputs, streams=True)
+        if args.resume and stream_kind(args.json.expanduser()) is not None:
+            raise UsageError(f"--json {args.json} is a device or pipe; --resume continues a file")
+        if args.out is not None and video_source is None:
+            json_path = os.path.abspath(args.json.expanduser())
+            drawings = {os.path.abspath(args.out.expanduser() / name): name
+                        for name in drawing_names(output_names(inputs))}
+            if json_path in drawings:
+                raise UsageError(f"--json {args.json} is the name of the drawing of {drawings[json_path]} in --out "
+                                 f"{args.out}: choose another name")
 
 
 def read_boxes(args, names: list[str] | None):
@@ -398,6 +445,8 @@ class _ImageRun:
         self.failed: list[str] = []
         self.people = self.nobody = self.done = 0
         self.skeleton = getattr(predictor, "skeleton", None)
+        self.drawing_of = dict(zip(names, drawing_names(names))) if args.out is not None else {}
+        self.renamed = sorted(name for name, drawn in self.drawing_of.items() if drawn != name)
         self.exif_noted = False
 
     def note_exif_orientation(self, paths, images) -> None:
@@ -445,11 +494,12 @@ class _ImageRun:
         if self.args.out is not None:
             with timer.stage("draw"):
                 canvas = draw_people(image, poses, self.skeleton, self.args.keypoint_threshold, "bgr")
+            drawn = self.args.out / self.drawing_of.get(name, name)
             with timer.stage("write"):
                 try:  # through a numpy buffer and the atomic writer: any file name the OS allows
-                    write_image(self.args.out / name, canvas)
+                    write_image(drawn, canvas)
                 except (OSError, ValueError) as e:
-                    self.failed.append(f"{name}: could not write {self.args.out / name} ({e})")
+                    self.failed.append(f"{name}: could not write {drawn} ({e})")
 
 
 # Decoded pixels held at once by one chunk of images (50 MP: 150 MB as BGR): a chunk ends at
@@ -566,22 +616,31 @@ def _close_results(state: _ImageRun, completed: bool):
 
 
 def print_summary(state: _ImageRun, resumed: int, json_path, interrupted: bool, stop) -> None:
+    from vitpose.files import STDOUT
+
     timer = state.predictor.timer
     timer.seconds = timer.ordered(STAGES)
+    # with --json /dev/stdout the results own stdout: the summary goes to stderr
+    report = sys.stderr if state.results is not None and state.results.stream == STDOUT else sys.stdout
     print(f"{state.done} images, {state.people} people"
           + (f", {state.nobody} images with nobody found" if state.nobody else "")
-          + (f" ({resumed} already in {state.args.json}, skipped)" if resumed else ""))
-    print(timer.summary(state.done, "image"))
+          + (f" ({resumed} already in {state.args.json}, skipped)" if resumed else ""), file=report)
+    print(timer.summary(state.done, "image"), file=report)
     written = [str(p) for p in (state.args.out, json_path) if p is not None]
     if written:
-        print("written: " + ", ".join(written))
+        print("written: " + ", ".join(written), file=report)
+    if state.renamed:
+        print(f"vitpose predict: note: {len(state.renamed)} images are in a format that cannot hold a colour "
+              f"picture; drawn as PNG: {state.renamed[0]} -> {state.drawing_of[state.renamed[0]]}"
+              + (" ..." if len(state.renamed) > 1 else ""), file=sys.stderr)
     if state.results is not None and state.results.nonfinite:
         print(f"vitpose predict: warning: {state.results.nonfinite} keypoint or score values were not finite "
               f"and are written as null", file=sys.stderr)
     if interrupted:
         why = stop.signal_name if stop is not None and stop.signal_name else "the user"
         if json_path is not None and Path(json_path) != Path(state.args.json):
-            hint = f"; {state.args.json} is unchanged, this run's results so far are in {json_path}"
+            hint = (f"; {state.args.json} is unchanged, this run's results so far are in {json_path} (run again "
+                    f"with --resume to finish them)")
         else:
             hint = "; run again with --resume to finish --json" if state.args.json is not None else ""
         print(f"vitpose predict: interrupted by {why} after {state.done} images{hint}", file=sys.stderr)

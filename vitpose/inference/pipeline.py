@@ -13,10 +13,12 @@ JSON Lines results file (`ResultsFile`: streamed, flushed, resumable). No torch 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import re
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,11 +28,11 @@ from vitpose.data.geometry import bbox_xywh2xyxy, crop_to_image, person_boxes_to
 from vitpose.data.transforms import topdown_crops
 from vitpose.errors import UserError
 from vitpose.evaluation.coco_evaluator import instance_scores
-from vitpose.files import write_atomic
+from vitpose.files import create_exclusive, fsync_dir, open_stream, stream_kind, write_atomic, write_error
 from vitpose.inference.results import Detections, Poses, StageTimer
 
-__all__ = ["BoxTable", "ResultsFile", "TopDown", "classify_source", "coco_records", "image_ids",
-           "read_boxes_file", "read_records"]
+__all__ = ["PARTIAL_SUFFIX", "BoxTable", "ResultsFile", "TopDown", "classify_source", "coco_records", "image_ids",
+           "partial_files", "read_boxes_file", "read_records"]
 
 _COCO_ID = re.compile(r"[0-9]+")  # ASCII digits only: "²" is a digit to str.isdigit, not to int()
 MAX_WEBCAM_INDEX = 2**31 - 1  # cv2.VideoCapture(index) takes a C int
@@ -405,38 +407,115 @@ def read_records(path) -> list:
         raise ValueError(f"neither a JSON list nor JSON Lines ({e})") from None
 
 
+PARTIAL_SUFFIX = ".partial"
+
+
+def partial_files(path) -> list[Path]:
+    """The `.NAME.XXXXXXXX.partial` files of interrupted runs into `path` (`ResultsFile`) that this
+    user owns, regular files only (never a link), oldest first."""
+    path = Path(path)
+    pattern = re.compile(re.escape(f".{path.name}.") + r"[A-Za-z0-9_]{8}" + re.escape(PARTIAL_SUFFIX))
+    found = []
+    try:
+        entries = list(os.scandir(path.parent if str(path.parent) else "."))
+    except OSError:
+        return []
+    for entry in entries:
+        if not pattern.fullmatch(entry.name):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():
+            found.append((st.st_mtime_ns, path.parent / entry.name))
+    return [p for _, p in sorted(found)]
+
+
 class ResultsFile:
-    """`--json`: records streamed as JSON Lines (each item's records in one flushed write), or one
-    JSON array written at the end (`array=True`, bounded inputs only; `render` turns the records
-    into another whole-file format).
+    """`--json`: records streamed as JSON Lines (each item's records in one write, flushed at once,
+    so a process killed after N items keeps N items' lines), or one JSON array written at the end
+    (`array=True`, bounded inputs only; `render` turns the records into another whole-file format).
 
     An existing file is replaced only when the run completes (`close(completed=True)`): until then
-    the records go to `<name>.partial` beside it. A new file is written in place, so an
-    interrupted run leaves a parseable file that `resume=True` continues: the records of the last
-    item in it (which may be incomplete) are dropped and that item is done again, the others
-    (`done`: their `file_name` or `frame`) are skipped.
+    the records go to a new file `.NAME.XXXXXXXX.partial` beside it, created exclusively (a random
+    name: a link planted beside the output is never written through), renamed over it at the end.
+    A new file is written in place (created with O_EXCL), so an interrupted run leaves a parseable
+    file. `resume=True` continues an interrupted run: this output's `.partial` when there is one
+    (the earlier, complete file stays as it is until this run completes), else the file itself; the
+    records of the last item in it (which may be incomplete) are dropped and that item is done again,
+    the others (`done`: their `file_name` or `frame`) are skipped.
+
+    A device or pipe (`vitpose.files.stream_kind`: `--json /dev/stdout`, a FIFO) is written directly,
+    item by item; it cannot be resumed. The lines are flushed per item, not fsynced (that would cost a
+    disk flush per video frame): a killed process loses nothing, a power cut may tear the last lines,
+    which `resume` drops. A full disk is an `OutputWriteError` (one line; the lines so far are kept).
     """
 
-    def __init__(self, path, key: str, array: bool = False, resume: bool = False, render=None):
-        self.path, self.key, self.array = Path(path), key, array
+    def __init__(self, path, key: str, array: bool = False, resume: bool = False, render=None,
+                 flag: str = "--json"):
+        self.path, self.key, self.array, self.flag = Path(path), key, array, flag
         self.render = render  # array files: records -> text (default: a JSON list)
         self.done: set = set()
         self.records: list[dict] = []
         self.nonfinite = 0
         self.count = 0
-        if resume and self.path.exists():
-            self._truncate_to_complete_items()
+        self.file = None
+        self.failed = False
+        self.stream = stream_kind(self.path)
+        self.existed = os.path.lexists(self.path)
+        if self.stream is not None:
+            if resume:
+                raise UserError(f"{flag} {self.path} is a device or pipe; --resume continues a file")
+            self.target = self.path
+            if not array:
+                self.file = open_stream(self.path, self.stream)
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)  # checked writable before the run
+        if resume:
+            self._open_for_resume()
+        elif array:
             self.target = self.path
         else:
-            self.target = self.path.with_name(self.path.name + ".partial") if self.path.exists() else self.path
-        self.target.parent.mkdir(parents=True, exist_ok=True)  # checked writable before the run
-        self.file = None if array else open(self.target, "a" if self.target == self.path and resume else "w",
-                                            encoding="utf-8")
+            self._open_new()
+
+    def _open_new(self) -> None:
+        if not self.existed:
+            try:  # in place: a path that appeared since (a file, a link) is never opened
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+                self.target = self.path
+                self.file = open(fd, "wb")  # noqa: SIM115 - closed in close()
+                return
+            except FileExistsError:
+                self.existed = True
+        fd, self.target = create_exclusive(self.path, PARTIAL_SUFFIX)
+        self.file = open(fd, "wb")  # noqa: SIM115 - closed in close()
+
+    def _open_for_resume(self) -> None:
+        partials = partial_files(self.path)
+        if self.path.exists():  # a partial older than the file was superseded by a run that completed
+            finished = self.path.stat().st_mtime_ns
+            partials = [p for p in partials if p.stat().st_mtime_ns >= finished]
+        if len(partials) > 1:
+            raise UserError(f"{self.flag} {self.path}: --resume found {len(partials)} interrupted runs' results "
+                            f"beside it ({', '.join(p.name for p in partials)}); delete the ones not to continue")
+        if partials:
+            self.target = partials[0]
+            fd = os.open(self.target, os.O_RDWR | os.O_NOFOLLOW)
+        elif self.existed:
+            self.target = self.path
+            fd = os.open(self.target, os.O_RDWR)
+        else:  # nothing to continue: a fresh file
+            self._open_new()
+            return
+        self.file = open(fd, "r+b")  # noqa: SIM115 - closed in close()
+        self._truncate_to_complete_items()
 
     def _truncate_to_complete_items(self) -> None:
-        data = self.path.read_bytes()
+        data = self.file.read()
         if data.lstrip().startswith(b"["):
-            raise UserError(f"--json {self.path} is one JSON list; --resume continues JSON Lines (the default "
+            self.file.close()
+            raise UserError(f"{self.flag} {self.target} is one JSON list; --resume continues JSON Lines (the default "
                             f"without --json-array)")
         offsets, keys, position = [], [], 0
         for line in data.splitlines(keepends=True):
@@ -445,7 +524,8 @@ class ResultsFile:
                 keys.append(record[self.key])
             except (ValueError, KeyError, TypeError):
                 if line.endswith(b"\n"):
-                    raise UserError(f"--json {self.path}: not a JSON Lines file of {self.key!r} records "
+                    self.file.close()
+                    raise UserError(f"{self.flag} {self.target}: not a JSON Lines file of {self.key!r} records "
                                     f"(line {len(offsets) + 1}); --resume continues only what this command "
                                     f"wrote") from None
                 break  # a torn last line: the item is done again
@@ -457,9 +537,29 @@ class ResultsFile:
             while keys and keys[-1] == last:
                 keys.pop()
                 end = offsets.pop()
-        with open(self.path, "r+b") as f:
-            f.truncate(end)
+        self.file.seek(end)
+        self.file.truncate(end)
         self.done = set(keys)
+
+    def kept_records(self):
+        """The records a resumed file kept (those of `done`), read back in order (for `--track`)."""
+        if self.file is None or self.stream is not None:
+            return
+        self.file.flush()
+        end = self.file.tell()
+        self.file.seek(0)
+        try:
+            for line in self.file.read(end).splitlines():
+                if line.strip():
+                    yield json.loads(line)
+        finally:
+            self.file.seek(end)
+
+    def _failed_write(self, error: OSError):
+        self.failed = True
+        kept = (f"the results so far are in {self.target}; continue with --resume once there is space"
+                if self.stream is None and not self.array else "nothing was replaced")
+        return write_error(error, self.target, self.flag, kept=kept)
 
     def write(self, records: list[dict], nonfinite: int = 0) -> None:
         self.count += len(records)
@@ -467,19 +567,58 @@ class ResultsFile:
         if self.array:
             self.records += records
         elif records:
-            self.file.write("".join(json.dumps(r, allow_nan=False) + "\n" for r in records))
-            self.file.flush()
+            try:
+                self.file.write("".join(json.dumps(r, allow_nan=False) + "\n" for r in records).encode())
+                self.file.flush()  # per item: a killed run keeps every item it finished
+            except OSError as e:
+                converted = self._failed_write(e)
+                if converted is None:
+                    raise
+                raise converted from e
 
     def close(self, completed: bool) -> Path:
         """Finish the file; returns where the results are (the `.partial` file if not replaced)."""
         if self.array:
-            text = self.render(self.records) if self.render else json.dumps(self.records, allow_nan=False)
-            write_atomic(self.target, text)
-        else:
+            return self._close_array(completed)
+        if self.failed:  # the disk refused a write: keep what is there, report the first error only
+            with contextlib.suppress(OSError):
+                self.file.close()
+            return self.target
+        try:
             self.file.flush()
-            os.fsync(self.file.fileno())
+            if self.stream is None:
+                os.fsync(self.file.fileno())
             self.file.close()
+        except OSError as e:
+            converted = self._failed_write(e)
+            with contextlib.suppress(OSError):
+                self.file.close()
+            if converted is None:
+                raise
+            raise converted from e
         if completed and self.target != self.path:
             os.replace(self.target, self.path)
+            fsync_dir(self.path.parent)
             return self.path
+        return self.target
+
+    def _close_array(self, completed: bool) -> Path:
+        text = self.render(self.records) if self.render else json.dumps(self.records, allow_nan=False)
+        if self.stream is not None or completed or not self.existed:
+            write_atomic(self.path, text)  # a device or pipe: written directly
+            return self.path
+        # interrupted, with an earlier file in the way: the records so far beside it
+        fd, self.target = create_exclusive(self.path, PARTIAL_SUFFIX)
+        try:
+            with open(fd, "wb") as f:
+                f.write(text.encode())
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.unlink(self.target)
+            converted = write_error(e, self.target, self.flag)
+            if converted is None:
+                raise
+            raise converted from e
         return self.target
