@@ -92,6 +92,8 @@ class OnnxPredictor(TopDown):
         self.metadata = dict(self.session.get_modelmeta().custom_metadata_map)
         self._read_shapes()
         self.spec = self._read_spec()
+        if self.num_keypoints is None:  # a graph whose output does not say K
+            self.num_keypoints = self._spec_or_default().num_keypoints
         self.codec = codec if codec is not None else self._spec_or_default().build_codec()
         if tuple(self.codec.input_size) != self.input_size:
             raise OnnxMetadataError(f"{path}: the graph takes {self.input_size} (w, h) crops, the codec "
@@ -231,7 +233,7 @@ class OnnxPredictor(TopDown):
         if flip_indices is None and self.spec is not None and self.spec.skeleton is not None:
             flip_indices = self.spec.skeleton["flip_indices"]  # checked with the spec
         needed = self.flip_test and not self.graph_flips
-        k = self.num_keypoints if self.num_keypoints is not None else self._spec_or_default().num_keypoints
+        k = self.num_keypoints
         if needed and flip_indices is None:
             raise OnnxMetadataError(f"{self.path} records no skeleton, so nothing says which of its {k} keypoints "
                                     f"mirror which: pass flip_indices= (the skeleton's, e.g. "
