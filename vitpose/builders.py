@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from vitpose.codecs.udp import UDPHeatmap
+from vitpose.codecs.choice import CONFIG_NAMES
 from vitpose.config import Config, ConfigError, DataConfig, ModelConfig, load_config, shipped_config_dir
 from vitpose.data.coco import CocoKeypoints
 from vitpose.data.errors import DataError
@@ -40,14 +40,24 @@ def build_model_from_config(model_cfg: ModelConfig, skeleton: DatasetInfo | None
     model = build_model(model_cfg.name, model_cfg.decoder, model_cfg.num_keypoints, **kwargs)
     if model_cfg.grad_checkpointing:
         model.set_grad_checkpointing(True)
-    model.spec = spec_of_model(model, codec="UDPHeatmap", sigma=model_cfg.sigma, input_size=model_cfg.input_size,
+    model.spec = spec_of_model(model, codec=CONFIG_NAMES[model_cfg.codec], sigma=model_cfg.sigma,
+                               input_size=model_cfg.input_size,
                                heatmap_size=model_cfg.heatmap_size,
                                skeleton=None if skeleton is None else skeleton_data(skeleton))
     return model
 
 
-def build_codec(model_cfg: ModelConfig) -> UDPHeatmap:
-    return UDPHeatmap(model_cfg.input_size, model_cfg.heatmap_size, model_cfg.sigma)
+def build_codec(model_cfg: ModelConfig):
+    """The codec of `model.*` (`model.codec`, sizes, sigma): `vitpose.codecs.build_codec`, as every file's spec."""
+    from vitpose.codecs.choice import build_codec as codec_of
+
+    return codec_of(model_cfg.codec, model_cfg.input_size, model_cfg.heatmap_size, model_cfg.sigma)
+
+
+def targets_on_device(cfg: Config) -> bool:
+    """Whether the trainer draws the targets on the device: `loader.targets_on_device` with the UDP
+    codec (the torch encode is UDP's); MSRA targets are drawn by the loader workers."""
+    return cfg.loader.targets_on_device and cfg.model.codec == "udp"
 
 
 def photometric_transforms(data_cfg: DataConfig):
@@ -106,7 +116,7 @@ def build_train_set(cfg: Config, root: str | Path | None = None, info: DatasetIn
     return CocoKeypoints(
         root / cfg.data.train_ann, root / cfg.data.train_images, train=True,
         input_size=cfg.model.input_size, heatmap_size=cfg.model.heatmap_size, sigma=cfg.model.sigma,
-        seed=cfg.train.seed, encode_targets=not cfg.loader.targets_on_device,
+        codec=cfg.model.codec, seed=cfg.train.seed, encode_targets=not targets_on_device(cfg),
         max_bad_images=cfg.data.max_bad_images, reduced_decode=cfg.data.reduced_decode,
         photometric=photometric_transforms(cfg.data),
         crop_cache=root / cfg.data.crop_cache if cfg.data.crop_cache else None,
@@ -134,7 +144,7 @@ def build_val_set(cfg: Config, root: str | Path | None = None, bbox_file: str | 
     return CocoKeypoints(
         root / cfg.data.val_ann, root / cfg.data.val_images, train=False, bbox_file=bbox_file,
         input_size=cfg.model.input_size, heatmap_size=cfg.model.heatmap_size, sigma=cfg.model.sigma,
-        bbox_score_thr=cfg.data.bbox_score_thr, dataset_info=info,
+        codec=cfg.model.codec, bbox_score_thr=cfg.data.bbox_score_thr, dataset_info=info,
     )
 
 

@@ -7,7 +7,7 @@ all go through `TopDown.__call__`; tracking and smoothing post-process its `Pose
 Also here, each once: the source classifier (`classify_source`: image / dir / video / webcam),
 the reader of detection files (`read_boxes_file`, keyed by `image_id`, `file_name` or `frame`),
 the image-id rule (`image_ids`), the COCO-record writer (`coco_records`, instance score =
-`vitpose.evaluation`'s `instance_scores`, so `vitpose predict --json` and evaluate agree) and the
+`vitpose.codecs.instance_scores`, the evaluator's rule, so `vitpose predict --json` and evaluate agree) and the
 JSON Lines results file (`ResultsFile`: streamed, flushed, resumable). No torch (OnnxPredictor).
 """
 
@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-from vitpose.data.geometry import bbox_xywh2xyxy, crop_to_image, person_boxes_to_center_scale
+from vitpose.codecs.decode import decode_to_image, instance_scores
+from vitpose.data.geometry import bbox_xywh2xyxy, person_boxes_to_center_scale
 from vitpose.data.transforms import topdown_crops
 from vitpose.errors import UserError
-from vitpose.evaluation.coco_evaluator import instance_scores
 from vitpose.files import create_exclusive, fsync_dir, open_stream, stream_kind, write_atomic, write_error
 from vitpose.inference.results import Detections, Poses, StageTimer
 
@@ -169,9 +169,8 @@ class TopDown:
             with self.timer.stage("pose"):
                 heatmaps = self.run_network(crops[start:stop])
             with self.timer.stage("decode heatmaps"):
-                kpts, kpt_scores = self.codec.batch_decode(heatmaps)
-                keypoints.append(crop_to_image(kpts, center[start:stop], fixed_scale[start:stop],
-                                               self.codec.input_size))
+                kpts, kpt_scores = decode_to_image(self.codec, heatmaps, center[start:stop], fixed_scale[start:stop])
+                keypoints.append(kpts)
                 scores.append(kpt_scores)
         return np.concatenate(keypoints), np.concatenate(scores)
 
