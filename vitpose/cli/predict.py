@@ -27,8 +27,9 @@ replaced only when the run completes (until then the results go to `<json>.parti
 finish the current images or frames, close the files (a playable video, a parseable JSON) and
 exit 130; a second signal stops at once.
 
-Exit status: 0 all done; 1 some inputs failed (unreadable images, frames that failed; each is
-counted, skipped and named at the end); 2 nothing done (usage, model, outputs); 130 interrupted.
+Exit status (`vitpose.errors.EXIT_STATUSES`): 0 all done; 1 some inputs failed (unreadable
+images, frames that failed; each is counted, skipped and named at the end); 2 nothing done (usage,
+model, outputs); 70 a bug (its traceback); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vitpose.errors import UserError
+from vitpose.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, UserError
 from vitpose.files import check_output
 from vitpose.inference.pipeline import (
     IMAGE_SUFFIXES,
@@ -55,9 +56,6 @@ from vitpose.inference.pipeline import (
 
 DEFAULT_MODEL = "vitpose-b-simple"
 STAGES = ("decode", "detect", "crop", "pose", "decode heatmaps", "draw", "write")
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-
-
 class UsageError(UserError):
     """A problem with the command line or the user's files, reported in one line (exit status 2)."""
 
@@ -71,8 +69,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="images and directories of images, or one video file or webcam index (0, 1, ...)")
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help="a published name (vitpose.hub.list_models()) or a weights file (default: %(default)s)")
-    p.add_argument("--config", default=None, help="training config of the weights (custom models); "
-                   "without it the size and decoder are read from the file")
+    p.add_argument("--config", default=None, metavar="FILE|NAME",
+                   help="the run config the weights were trained with (a YAML file or a shipped config's name, "
+                        "as for vitpose train); its model section and skeleton describe them. Default: what the "
+                        "file records, or its tensor shapes")
     p.add_argument("--detector", default=None,
                    help="default | none | full-frame | a name of vitpose.inference.detect.DETECTORS "
                         "(default: 'default', or 'none' with --boxes)")
@@ -110,7 +110,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="person boxes per forward pass, doubled by the flip test (default: 8 on a CPU, 32 on a GPU)")
     p.add_argument("--keypoint-threshold", type=float, default=0.3,
                    help="drawing: keypoints with a lower score are not drawn (default: %(default)s)")
-    p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     p.set_defaults(run=run)
     return p
 
@@ -239,9 +238,19 @@ def build_predictor(args):
     except ValueError as e:
         raise UsageError(f"--device: {e}") from None
     tune_cpu_allocator(device)  # on a CPU: this process runs models pass after pass (see its docstring)
-    if args.det_classes is not None:  # a misspelt class stops before any model loads
-        from vitpose.inference.detect import parse_det_classes
+    # The flags the library checks with ValueError (its API's errors) are checked here, before any
+    # model loads, as the user's errors; a ValueError from deeper down is a bug (vitpose.cli).
+    from vitpose.device import resolve_precision
+    from vitpose.inference.detect import DETECTORS, parse_det_classes
 
+    try:
+        resolve_precision(args.precision, device)
+    except ValueError as e:
+        raise UsageError(f"--precision: {e}") from None
+    if detector not in ("default", "none", "full-frame", *DETECTORS):
+        raise UsageError(f"--detector: unknown detector {detector!r}; choose default, none, full-frame or one of "
+                         f"{', '.join(DETECTORS)}")
+    if args.det_classes is not None:  # a misspelt class stops before any model loads
         try:
             parse_det_classes(args.det_classes)
         except ValueError as e:
@@ -274,23 +283,9 @@ def _check_flags(args) -> None:
 
 
 def run(args) -> int:
-    """`vitpose predict`; returns the exit status (errors about the user's input: one line, 2)."""
-    from vitpose.config import ConfigError
-
-    expected = (UserError, ConfigError, FileNotFoundError)  # load_model's errors (names, downloads, files) are UserErrors
-    try:
-        return _run(args)
-    except KeyboardInterrupt:  # a second Ctrl-C: the files were closed on the way out
-        print("vitpose predict: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except expected as e:
-        if args.debug:
-            raise
-        print(f"vitpose predict: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-
-
-def _run(args) -> int:
+    """`vitpose predict`; returns the exit status. Errors that are the user's are UserErrors, which
+    the command's one handler (vitpose.cli.run_command) prints as one line; a second Ctrl-C reaches
+    it as KeyboardInterrupt after the files were closed on the way out."""
     _check_flags(args)
     kinds = [classify_source(s) for s in args.source]
     streams = [s for s, kind in zip(args.source, kinds) if kind in ("video", "webcam")]
@@ -319,12 +314,7 @@ def _run(args) -> int:
         image_ids(names)  # duplicate ids: an error before any work
         check_outputs(args, paths)
     boxes = read_boxes(args, names)
-    try:  # after the sources, the outputs and the boxes file are checked
-        predictor = build_predictor(args)
-    except (ValueError, RuntimeError) as e:  # an unrecognised weights file, detector weights, ViTPose+
-        if args.debug:
-            raise
-        raise UsageError(str(e)) from None
+    predictor = build_predictor(args)  # after the sources, the outputs and the boxes file are checked
     with StopOnSignal() as stop:
         if streams:
             from vitpose.inference.video import run_video  # the video pipeline (decode, detect and pose overlapped)
