@@ -297,3 +297,22 @@ def test_architecture_module_map_names_exist():
     problems = module_map_problems(text)
     assert not problems, "ARCHITECTURE.md's module map names what does not exist:\n" + "\n".join(problems)
 
+
+
+# ----------------------------------------------------------------------------------------------
+# The public paths the docs write
+
+
+def test_vitpose_hub_imports_as_the_docs_write_it():
+    """`vitpose.hub` is one module: attribute, `import vitpose.hub` and `from vitpose.hub import ...`
+    (each in a fresh interpreter: the first import decides) are vitpose.models.hub itself."""
+    import subprocess
+    import sys
+
+    for code in ("import vitpose.hub, vitpose.models.hub as h; assert vitpose.hub is h",
+                 "from vitpose.hub import download, list_models; import vitpose.models.hub as h; "
+                 "assert download is h.download and list_models is h.list_models",
+                 "import vitpose; h = vitpose.hub; import vitpose.hub; assert vitpose.hub is h"):
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False,
+                              cwd=REPO)
+        assert done.returncode == 0, (code, done.stderr[-2000:])

@@ -68,7 +68,11 @@ class CommandParser(argparse.ArgumentParser):
 
 def exit_status_table() -> str:
     """The exit statuses of every command, as `vitpose --help` prints them."""
-    return "exit status:\n" + "\n".join(f"  {status:>3}  {meaning}" for status, meaning in EXIT_STATUSES)
+    import textwrap
+
+    return "exit status:\n" + "\n".join(
+        textwrap.fill(meaning, 100, initial_indent=f"  {status:>3}  ", subsequent_indent=" " * 7)
+        for status, meaning in EXIT_STATUSES)
 
 
 def build_parser(prog: str = "vitpose") -> argparse.ArgumentParser:
