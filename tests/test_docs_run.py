@@ -194,12 +194,13 @@ CITED = re.compile(r"^([A-Za-z_]\w*)(?:\(|\s*->|\s*$)")
 
 
 def module_map(markdown: str):
-    """(line, package, module file or None, bullet text) of each bullet under a `### vitpose...` heading."""
+    """(line, package, module file or None, bullet text) of each bullet under a `### vitpose...`
+    heading; under `### Outside the package` the package is "" (paths of the repository)."""
     bullets, package, current = [], None, None
     for number, line in enumerate(markdown.splitlines(), 1):
         section = SECTION.match(line)
         if line.startswith("### "):
-            package = section.group(1) if section else None
+            package = section.group(1) if section else "" if line.strip() == "### Outside the package" else None
             current = None
             continue
         if line.startswith("## "):
@@ -259,6 +260,21 @@ def module_map_problems(markdown: str) -> list[str]:
     in its package (a neighbour it mentions) or the public API; a removed name is in none."""
     problems = []
     for line, package, module_file, text in module_map(markdown):
+        spans = re.findall(r"`([^`]+)`", text)
+        if package == "":  # outside the package: the files and folders it names exist
+            for span in spans:
+                if re.fullmatch(r"[\w./-]+(\.py|/)", span) and not (REPO / span).exists() \
+                        and not span.startswith("vitpose/"):  # vitpose/configs: the wheel's name for configs/
+                    problems.append(f"ARCHITECTURE.md:{line}: {span} does not exist")
+            continue
+        for span in spans:  # `module.NAME` of a module of the package (`transforms.AUGMENTATION_LIMITS`)
+            dotted = re.fullmatch(r"(\w+)\.([A-Za-z_]\w*)(?:\(.*\))?", span)
+            # (`vitpose.x` is the package's name, e.g. the metadata key `vitpose.model_spec`)
+            if dotted and dotted.group(2) != "py" and dotted.group(1) not in ("__main__", "vitpose") \
+                    and REPO.joinpath(*package.split("."), f"{dotted.group(1)}.py").is_file():
+                module = importlib.import_module(f"{package}.{dotted.group(1)}")
+                if dotted.group(2) not in names_of(module):
+                    problems.append(f"ARCHITECTURE.md:{line}: `{span}` is not in {module.__name__}")
         if module_file is None:
             continue
         path = REPO.joinpath(*package.split(".")) / f"{module_file}.py"
@@ -269,8 +285,7 @@ def module_map_problems(markdown: str) -> list[str]:
             continue
         dotted = package if module_file == "__init__" else f"{package}.{module_file}"
         known = names_of(importlib.import_module(dotted))
-        spans = re.findall(r"`([^`]+)`", text)[1:]  # the first is the module's file name
-        for span in spans:
+        for span in spans[1:]:  # the first is the module's file name
             cited = CITED.match(span.strip())
             if cited is None or cited.group(1) in ("None", "True", "False"):
                 continue
@@ -283,11 +298,15 @@ def module_map_problems(markdown: str) -> list[str]:
 def test_the_module_map_check_finds_a_removed_function_and_a_missing_module():
     page = ("### `vitpose.models`\n- `vitpose.py` `build_model(name)`, `no_such_function(x)`, `MODEL_SIZES`,\n"
             "  `NoSuchClass`; its `decoder` (a parameter).\n- `gone.py` a module that is not there.\n"
-            "### Outside the package\n- `nothing_checked(here)`\n")
+            "- `heads.ClassicHead`, `heads.NoHead`: a neighbour's names.\n"
+            "### Outside the package\n- `train.py`, `gone.py`, `configs/`, `nothing/`: `not_checked(here)`\n")
     assert module_map_problems(page) == [
         "ARCHITECTURE.md:2: `no_such_function(x)` is not in vitpose.models.vitpose",
         "ARCHITECTURE.md:2: `NoSuchClass` is not in vitpose.models.vitpose",
         "ARCHITECTURE.md:4: vitpose/models/gone.py does not exist",
+        "ARCHITECTURE.md:5: `heads.NoHead` is not in vitpose.models.heads",
+        "ARCHITECTURE.md:7: gone.py does not exist",
+        "ARCHITECTURE.md:7: nothing/ does not exist",
     ]
 
 
