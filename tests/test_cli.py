@@ -200,6 +200,25 @@ def test_a_valueerror_from_a_bug_is_a_traceback_and_status_70_in_every_command(c
         cli.main([*argv, "--debug"])
 
 
+def test_predict_counts_a_failing_image_but_shows_a_bugs_traceback_once(tiny_weights, tmp_path, monkeypatch, capsys):
+    """predict's one per-image catch (an image that fails costs that image, exit 1) must not make a
+    bug look like bad input: the first failure that is no UserError prints its traceback."""
+    import shutil
+
+    from vitpose.inference.pipeline import TopDown
+
+    weights, image = tiny_weights
+    shutil.copy(image, tmp_path / "b.png")
+    monkeypatch.setattr(TopDown, "__call__", a_bug)
+    argv = ["predict", str(image), str(tmp_path / "b.png"), "--model", str(weights), "--detector", "full-frame",
+            "--device", "cpu", "--json", str(tmp_path / "poses.json")]
+    assert cli.main(argv) == 1  # counted and skipped, as before
+    err = capsys.readouterr().err
+    assert err.count("failed with an error that is not about the input") == 1, err  # once, not per image
+    assert "Traceback (most recent call last)" in err and "in a_bug" in err, err
+    assert "a.png: ValueError: a bug deep inside" in err and "b.png: ValueError: a bug deep inside" in err
+
+
 def test_commands_keep_no_error_handler_of_their_own():
     """The one handler is vitpose.cli.run_command: no command module prints "error: ..." from an
     except clause and returns a status itself, and none catches ValueError and RuntimeError together

@@ -39,6 +39,7 @@ import json
 import signal
 import sys
 import threading
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -342,6 +343,7 @@ class _ImageRun:
         elif args.json is not None:
             self.results = ResultsFile(args.json, "file_name", array=args.json_array, resume=args.resume)
         self.failed: list[str] = []
+        self.traceback_shown = False
         self.people = self.nobody = self.done = 0
         self.skeleton = getattr(predictor, "skeleton", None)
 
@@ -354,6 +356,14 @@ class _ImageRun:
                 return [self.predict([i], None if given is None else [g], [n])[0]
                         for i, g, n in zip(images, given or [None] * len(images), names)]
             self.failed.append(f"{names[0]}: {type(e).__name__}: {e}")
+            if not isinstance(e, UserError) and not self.traceback_shown:
+                # not an input the code explains: maybe a bug. The image is counted and skipped as
+                # before, but a bug is never only "an input failed": its traceback, once.
+                self.traceback_shown = True
+                print(f"vitpose predict: {names[0]} failed with an error that is not about the input; "
+                      f"its traceback (a bug in vitpose, please report it unless it names the file):",
+                      file=sys.stderr)
+                traceback.print_exc()
             return [None]
 
     def output(self, name: str, image_id: int, image, poses) -> None:
