@@ -166,7 +166,7 @@ def tiny_weights(tmp_path):
     return weights, image
 
 
-@pytest.mark.parametrize("command", ["predict", "export", "import-annotations", "evaluate", "plot"])
+@pytest.mark.parametrize("command", ["predict", "export", "import-annotations", "evaluate", "plot", "check-data"])
 def test_a_valueerror_from_a_bug_is_a_traceback_and_status_70_in_every_command(command, tiny_weights, tmp_path,
                                                                                  monkeypatch, capsys):
     """Before: predict and export widened ValueError / RuntimeError into "error: ..." and status 2,
@@ -190,8 +190,10 @@ def test_a_valueerror_from_a_bug_is_a_traceback_and_status_70_in_every_command(c
                                    "--out", str(tmp_path / "coco.json")],
             "evaluate": ["evaluate", "--checkpoint", str(weights), "--config", str(write_config(tmp_path, tmp_path)),
                          "--gt-boxes"],
-            "plot": ["plot", str(tmp_path / "run")]}[command]
+            "plot": ["plot", str(tmp_path / "run")],
+            "check-data": ["check-data", "--config", "demo"]}[command]
     monkeypatch.setattr("vitpose.cli.evaluate.load_run_config", a_bug)
+    monkeypatch.setattr("vitpose.cli.check_data.build_train_set", a_bug)  # was a "finding", exit 1
     assert cli.main(argv) == cli.EXIT_INTERNAL == 70
     err = capsys.readouterr().err
     assert "Traceback (most recent call last)" in err and "ValueError: a bug deep inside" in err, err
