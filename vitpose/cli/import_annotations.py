@@ -46,6 +46,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+def run(args) -> int:
+    """`vitpose import-annotations`; returns the exit status. A bad export, skeleton or --out is a
+    UserError, which vitpose.cli's one handler prints as one line."""
+    return _run(args)
+
+
 def _check_out(args) -> None:
     from vitpose.data.annotation_formats import AnnotationFormatError
 
@@ -60,9 +66,7 @@ def _check_out(args) -> None:
         raise AnnotationFormatError(f"--out {out} should end in .json (a COCO keypoint file)", field="--out")
 
 
-def run(args) -> int:
-    """`vitpose import-annotations`; returns the exit status. A bad export, skeleton or --out is a
-    UserError (one line from vitpose.cli's handler)."""
+def _run(args) -> int:
     from vitpose.data.annotation_formats import read_export, to_coco
 
     _check_out(args)  # before the work: a bad --out never costs a long import

@@ -57,6 +57,8 @@ from vitpose.inference.pipeline import (
 
 DEFAULT_MODEL = "vitpose-b-simple"
 STAGES = ("decode", "detect", "crop", "pose", "decode heatmaps", "draw", "write")
+
+
 class UsageError(UserError):
     """A problem with the command line or the user's files, reported in one line (exit status 2)."""
 
@@ -287,6 +289,10 @@ def run(args) -> int:
     """`vitpose predict`; returns the exit status. Errors that are the user's are UserErrors, which
     the command's one handler (vitpose.cli.run_command) prints as one line; a second Ctrl-C reaches
     it as KeyboardInterrupt after the files were closed on the way out."""
+    return _run(args)
+
+
+def _run(args) -> int:
     _check_flags(args)
     kinds = [classify_source(s) for s in args.source]
     streams = [s for s, kind in zip(args.source, kinds) if kind in ("video", "webcam")]
