@@ -19,7 +19,6 @@ from pathlib import Path
 from vitpose.builders import build_train_set, build_val_set, dataset_info_path
 from vitpose.config import load_config
 from vitpose.data import check as C
-from vitpose.data.errors import DataError
 from vitpose.data.metainfo import dataset_info
 from vitpose.engine.preflight import check_datasets, preflight  # noqa: F401 (preflight: the fast subset)
 from vitpose.errors import UserError
@@ -30,7 +29,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                               shared=("--config", "--set", "--debug"),
                               description="Check a config's skeleton, annotation files and images before "
                                           "training; exit status 1 when a check fails.")
-    p.add_argument("--config", required=True, metavar="FILE|NAME", help="run config (as for vitpose train)")
+    p.add_argument("--config", required=True, metavar="FILE|NAME", help="run config: a YAML file or a shipped config's name (as for vitpose train)")
     p.add_argument("--all", action="store_true", help="decode every image (default: a spread-out sample)")
     p.add_argument("--data-root", default=None, help="dataset root (default: data.root of the config)")
     p.set_defaults(run=run)
@@ -48,7 +47,7 @@ def run(args) -> int:
     for name, build in (("train", build_train_set), ("val", build_val_set)):
         try:
             sets[name] = build(cfg, root, info=info)
-        except (DataError, ValueError) as e:  # a bad file is a finding, not a crash
+        except UserError as e:  # a bad file is a finding, not a crash (a bug is neither: it propagates)
             report.add(C.Finding(f"{name} set", C.ERROR, str(e)))
     checked = check_datasets(info, cfg.model.num_keypoints, sets.get("train"), sets.get("val"),
                              images="all" if args.all else "sample")

@@ -50,7 +50,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", required=True,
                    help="weights: this project's checkpoints or .safetensors, MMPose 1.x, official ViTPose or HF files")
     p.add_argument("--config", default=None, metavar="FILE|NAME",
-                   help="YAML config or a shipped config's name (default: the one the checkpoint records, "
+                   help="run config: a YAML file or a shipped config's name (default: the one the checkpoint records, "
                         f"else {DEFAULT_CONFIG})")
     boxes = p.add_mutually_exclusive_group()
     boxes.add_argument("--bbox-file", type=Path, default=None,

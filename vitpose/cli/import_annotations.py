@@ -27,7 +27,7 @@ import json
 import sys
 from pathlib import Path
 
-EXIT_OK, EXIT_USAGE = 0, 2
+from vitpose.errors import EXIT_OK
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -42,23 +42,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="keypoint order and limbs: a skeleton YAML, a built-in name (coco, ...) or a COCO file "
                         "(default: the export's own names)")
     p.add_argument("--label", default=None, help="CVAT: the skeleton label to import (default: the only one)")
-    p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     p.set_defaults(run=run)
     return p
 
 
 def run(args) -> int:
-    """`vitpose import-annotations`; returns the exit status."""
-    from vitpose.data.errors import DataError
-    from vitpose.errors import UserError
-
-    try:
-        return _run(args)
-    except (DataError, UserError) as e:
-        if args.debug:
-            raise
-        print(f"vitpose import-annotations: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+    """`vitpose import-annotations`; returns the exit status. A bad export, skeleton or --out is a
+    UserError, which vitpose.cli's one handler prints as one line."""
+    return _run(args)
 
 
 def _check_out(args) -> None:

@@ -31,8 +31,9 @@ added when its format cannot hold colour (.pgm). SIGINT / SIGTERM (Ctrl-C)
 finish the current images or frames, close the files (a playable video, a parseable JSON) and
 exit 130; a second signal stops at once.
 
-Exit status: 0 all done; 1 some inputs failed (unreadable images, frames that failed; each is
-counted, skipped and named at the end); 2 nothing done (usage, model, outputs); 130 interrupted.
+Exit status (`vitpose.errors.EXIT_STATUSES`): 0 all done; 1 some inputs failed (unreadable
+images, frames that failed; each is counted, skipped and named at the end); 2 nothing done (usage,
+model, outputs); 70 a bug (its traceback); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -43,11 +44,12 @@ import os
 import signal
 import sys
 import threading
+import traceback
 from pathlib import Path
 
 import numpy as np
 
-from vitpose.errors import UserError
+from vitpose.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, UserError
 from vitpose.files import check_output
 from vitpose.inference.pipeline import (
     IMAGE_SUFFIXES,
@@ -61,7 +63,6 @@ from vitpose.inference.pipeline import (
 
 DEFAULT_MODEL = "vitpose-b-simple"
 STAGES = ("decode", "detect", "crop", "pose", "decode heatmaps", "draw", "write")
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 class UsageError(UserError):
@@ -78,8 +79,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help="a published name (vitpose.hub.list_models()), an HF repo id (org/repo[@revision]), a "
                         "weights or checkpoint file, or an .onnx file from vitpose export (default: %(default)s)")
-    p.add_argument("--config", default=None, help="training config of the weights (custom models); "
-                   "without it the size and decoder are read from the file")
+    p.add_argument("--config", default=None, metavar="FILE|NAME",
+                   help="the run config the weights were trained with (a YAML file or a shipped config's name, "
+                        "as for vitpose train); its model section and skeleton describe them. Default: what the "
+                        "file records, or its tensor shapes")
     p.add_argument("--detector", default=None,
                    help="default | none | full-frame | a name of vitpose.inference.detect.DETECTORS "
                         "(default: 'default', or 'none' with --boxes)")
@@ -118,7 +121,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="person boxes per forward pass, doubled by the flip test (default: 8 on a CPU, 32 on a GPU)")
     p.add_argument("--keypoint-threshold", type=float, default=0.3,
                    help="drawing: keypoints with a lower score are not drawn (default: %(default)s)")
-    p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     p.set_defaults(run=run)
     return p
 
@@ -294,9 +296,19 @@ def build_predictor(args):
     except ValueError as e:
         raise UsageError(f"--device: {e}") from None
     tune_cpu_allocator(device)  # on a CPU: this process runs models pass after pass (see its docstring)
-    if args.det_classes is not None:  # a misspelt class stops before any model loads
-        from vitpose.inference.detect import parse_det_classes
+    # The flags the library checks with ValueError (its API's errors) are checked here, before any
+    # model loads, as the user's errors; a ValueError from deeper down is a bug (vitpose.cli).
+    from vitpose.device import resolve_precision
+    from vitpose.inference.detect import DETECTORS, parse_det_classes
 
+    try:
+        resolve_precision(args.precision, device)
+    except ValueError as e:
+        raise UsageError(f"--precision: {e}") from None
+    if detector not in ("default", "none", "full-frame", *DETECTORS):
+        raise UsageError(f"--detector: unknown detector {detector!r}; choose default, none, full-frame or one of "
+                         f"{', '.join(DETECTORS)}")
+    if args.det_classes is not None:  # a misspelt class stops before any model loads
         try:
             parse_det_classes(args.det_classes)
         except ValueError as e:
@@ -365,20 +377,10 @@ def _check_flags(args) -> None:
 
 
 def run(args) -> int:
-    """`vitpose predict`; returns the exit status (errors about the user's input: one line, 2)."""
-    from vitpose.config import ConfigError
-
-    expected = (UserError, ConfigError, FileNotFoundError)  # load_model's errors (names, downloads, files) are UserErrors
-    try:
-        return _run(args)
-    except KeyboardInterrupt:  # a second Ctrl-C: the files were closed on the way out
-        print("vitpose predict: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except expected as e:
-        if args.debug:
-            raise
-        print(f"vitpose predict: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+    """`vitpose predict`; returns the exit status. Errors that are the user's are UserErrors, which
+    the command's one handler (vitpose.cli.run_command) prints as one line; a second Ctrl-C reaches
+    it as KeyboardInterrupt after the files were closed on the way out."""
+    return _run(args)
 
 
 def _run(args) -> int:
@@ -410,12 +412,7 @@ def _run(args) -> int:
         image_ids(names)  # duplicate ids: an error before any work
         check_outputs(args, paths)
     boxes = read_boxes(args, names)
-    try:  # after the sources, the outputs and the boxes file are checked
-        predictor = build_predictor(args)
-    except (ValueError, RuntimeError) as e:  # an unrecognised weights file, detector weights, ViTPose+
-        if args.debug:
-            raise
-        raise UsageError(str(e)) from None
+    predictor = build_predictor(args)  # after the sources, the outputs and the boxes file are checked
     with StopOnSignal() as stop:
         if streams:
             from vitpose.inference.video import run_video  # the video pipeline (decode, detect and pose overlapped)
@@ -443,6 +440,7 @@ class _ImageRun:
         elif args.json is not None:
             self.results = ResultsFile(args.json, "file_name", array=args.json_array, resume=args.resume)
         self.failed: list[str] = []
+        self.traceback_shown = False
         self.people = self.nobody = self.done = 0
         self.skeleton = getattr(predictor, "skeleton", None)
         self.drawing_of = dict(zip(names, drawing_names(names))) if args.out is not None else {}
@@ -475,6 +473,14 @@ class _ImageRun:
                 return [self.predict([i], None if given is None else [g], [n])[0]
                         for i, g, n in zip(images, given or [None] * len(images), names)]
             self.failed.append(f"{names[0]}: {type(e).__name__}: {e}")
+            if not isinstance(e, UserError) and not self.traceback_shown:
+                # not an input the code explains: maybe a bug. The image is counted and skipped as
+                # before, but a bug is never only "an input failed": its traceback, once.
+                self.traceback_shown = True
+                print(f"vitpose predict: {names[0]} failed with an error that is not about the input; "
+                      f"its traceback (a bug in vitpose, please report it unless it names the file):",
+                      file=sys.stderr)
+                traceback.print_exc()
             return [None]
 
     def output(self, name: str, image_id: int, image, poses) -> None:

@@ -47,16 +47,16 @@ from torch import nn
 
 from vitpose.coco_meta import FLIP_INDICES, KEYPOINT_NAMES
 from vitpose.data.pixels import normalize_images
-from vitpose.errors import UserError
+from vitpose.errors import EXIT_FAILED, EXIT_OK, UserError
 from vitpose.files import staged_files
 from vitpose.models.spec import METADATA_KEY, ModelSpec, spec_of_model
 from vitpose.models.vitpose import flip_test as run_flip_test
 from vitpose.models.wrappers import unwrap_model
 from vitpose.topdown import forward_heatmaps, model_input_spec
 
-__all__ = ["EXPORT_KEY", "FORMATS", "ExportFileError", "ExportGraph", "GateError", "GateReport", "GateRun",
-           "MissingDependencyError", "check_export", "export", "gate_crops", "own_flip_indices", "read_export_spec",
-           "to_exported_program", "to_onnx"]
+__all__ = ["EXPORT_KEY", "FORMATS", "ExportFileError", "ExportGraph", "ExportUsageError", "GateDataError", "GateError",
+           "GateReport", "GateRun", "MissingDependencyError", "OpsetError", "check_export", "export", "gate_crops",
+           "own_flip_indices", "read_export_spec", "to_exported_program", "to_onnx"]
 
 FORMATS = ("onnx", "pt2")
 EXTRA_HINT = 'pip install "vitpose[export]"'
@@ -96,13 +96,26 @@ class ExportFileError(UserError, ValueError):
 
 
 class GateError(UserError, RuntimeError):
-    """The exported file did not run equal to PyTorch; it was deleted. `.report` has the figures."""
+    """The exported file did not run equal to PyTorch; it was deleted. `.report` has the figures
+    (the message too, unless `message` says it in one line: `vitpose export`, which printed them)."""
 
-    exit_status = 1  # the input was fine; the export is what failed
+    exit_status = EXIT_FAILED  # the input was fine; the export is what failed
 
-    def __init__(self, report: GateReport):
-        super().__init__("\n".join(report.lines()))
+    def __init__(self, report: GateReport, message: str | None = None):
+        super().__init__("\n".join(report.lines()) if message is None else message)
         self.report = report
+
+
+class GateDataError(UserError, FileNotFoundError):
+    """`--gate-data` (gate_crops' `data`) is not a COCO keypoint folder with person instances."""
+
+
+class ExportUsageError(UserError, ValueError):
+    """A flag of `vitpose export` that cannot work as given (format and suffix)."""
+
+
+class OpsetError(ExportUsageError):
+    """An ONNX opset (`opset=`, `--opset`) the exporter cannot write the model in."""
 
 
 def require(modules: Sequence[str] = ONNX_MODULES, what: str = "ONNX export") -> None:
@@ -227,8 +240,8 @@ def _coco_files(data: Path) -> tuple[Path, Path]:
     objects = [p for p in sorted(data.glob("*.json")) if _first_char(p) == "{"]
     if len(objects) == 1:
         return objects[0], data
-    raise FileNotFoundError(
-        f"gate data {data}: expected annotations/person_keypoints_val2017.json (+ val2017/) or one "
+    raise GateDataError(
+        f"--gate-data {data}: expected annotations/person_keypoints_val2017.json (+ val2017/) or one "
         f"COCO annotation JSON beside its images; found {len(objects)} JSON objects: {[p.name for p in objects]}")
 
 
@@ -243,7 +256,7 @@ def _crops_from(ann_file: Path, img_dir: Path, input_size, count: int, source: s
     dataset = CocoKeypoints(ann_file, img_dir, train=False, input_size=input_size,
                             heatmap_size=(input_size[0] // 4, input_size[1] // 4))
     if len(dataset) == 0:
-        raise ValueError(f"gate data {source}: no person instances with keypoints in {ann_file}")
+        raise GateDataError(f"--gate-data {source}: no person instances with keypoints in {ann_file}")
     samples = [dataset[i] for i in range(min(count, len(dataset)))]
     crops = torch.stack([s["image"] for s in samples])
     labels = [f"image {s['image_id']} instance {s['id']}" for s in samples]
@@ -262,7 +275,7 @@ def gate_crops(data: str | Path | None = None, input_size: Sequence[int] = (192,
     if data is not None:
         data = Path(data)
         if not data.is_dir():
-            raise FileNotFoundError(f"gate data folder not found: {data}")
+            raise GateDataError(f"--gate-data: gate data folder not found: {data}")
         ann_file, img_dir = _coco_files(data)
         crops, labels = _crops_from(ann_file, img_dir, input_size, count, str(data))
         return crops, labels, str(data)
@@ -520,8 +533,21 @@ def _write_onnx(graph: ExportGraph, path: Path, batch, input_size, metadata: dic
         program = torch.onnx.export(graph, (example,), None, dynamo=True, input_names=[INPUT_NAME],
                                     output_names=[OUTPUT_NAME], dynamic_shapes=dynamic, opset_version=opset,
                                     verbose=False)
-    program.model.metadata_props.update(metadata)
     weight_bytes = sum(t.numel() * t.element_size() for t in graph.state_dict().values())
+    if opset is not None and weight_bytes <= SINGLE_FILE_LIMIT:  # (a larger model: the gate's check says it)
+        # An opset the exporter cannot convert the graph to is only warned about, and the file
+        # it then writes fails onnx's checker (e.g. opset 26+ for attention with onnx 1.20): the
+        # opset is the user's choice, so this is the user's error, named before the gate runs.
+        import onnx
+
+        try:
+            onnx.checker.check_model(program.model_proto)
+        except onnx.checker.ValidationError as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise OpsetError(f"--opset {opset}: torch's ONNX exporter cannot write this model in opset {opset} "
+                             f"({first[:160]}); leave --opset out for the exporter's default, or choose a lower "
+                             f"one") from e
+    program.model.metadata_props.update(metadata)
     program.save(str(path), external_data=weight_bytes > SINGLE_FILE_LIMIT)
 
 
@@ -671,7 +697,6 @@ def export(model: nn.Module, path, format: str, **kwargs) -> GateReport:
 # ----------------------------------------------------------------------------------------------
 # `vitpose export`
 
-EXIT_OK, EXIT_GATE, EXIT_USAGE = 0, 1, 2
 SUFFIXES = {".onnx": "onnx", ".pt2": "pt2"}
 
 
@@ -698,8 +723,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "Exit status 1 and no file otherwise.")
     parser.add_argument("--model", required=True, help="a weights or checkpoint file (any layout load_weights "
                                                        "reads), a model name or an HF repo id (vitpose.load_model)")
-    parser.add_argument("--config", help="training config (YAML) of the checkpoint; default: size, decoder "
-                                         "and input size told from the file's tensor shapes")
+    parser.add_argument("--config", default=None, metavar="FILE|NAME",
+                        help="the run config the weights were trained with (a YAML file or a shipped config's name, "
+                             "as for vitpose train); its model section and skeleton describe them. Default: what the "
+                             "file records, or its tensor shapes")
     parser.add_argument("--expert", help="the ViTPose+ expert of a mixture-of-experts file (coco, aic, mpii, "
                                          "ap10k, apt36k, coco_wholebody / wholebody)")
     parser.add_argument("--format", choices=FORMATS, help="default: from --out's suffix (.onnx / .pt2)")
@@ -719,48 +746,40 @@ def _resolve_format(fmt: str | None, out: Path) -> str:
     by_suffix = SUFFIXES.get(out.suffix.lower())
     if fmt is None:
         if by_suffix is None:
-            raise ValueError(f"--out {out}: cannot tell the format from suffix {out.suffix!r}; "
+            raise ExportUsageError(f"--out {out}: cannot tell the format from suffix {out.suffix!r}; "
                              f"pass --format ({' or '.join(FORMATS)})")
         return by_suffix
     if by_suffix is not None and by_suffix != fmt:
-        raise ValueError(f"--format {fmt} but --out {out} has the suffix of {by_suffix}")
+        raise ExportUsageError(f"--format {fmt} but --out {out} has the suffix of {by_suffix}")
     return fmt
 
 
 def run(args: argparse.Namespace) -> int:
-    """`vitpose export`: 0 written, 1 the gate failed (no file), 2 bad input."""
+    """`vitpose export`: 0 written; a failed gate (no file) is GateError, exit status 1; bad input
+    a UserError, 2 (vitpose.cli's one handler prints them)."""
     from vitpose.builders import load_model
-    from vitpose.config import ConfigError
-    from vitpose.data.errors import DataError
-    from vitpose.errors import UserError
     from vitpose.files import check_output
-    from vitpose.models.checkpoint import CheckpointError
 
+    out = Path(args.out)
+    fmt = _resolve_format(args.format, out)
+    inputs = (args.model, args.config, args.gate_data)
+    for target in (out, out.with_name(out.name + ".data")):  # before the work; never over an input
+        check_output(target, "--out", inputs=inputs)
+    if fmt == "onnx":
+        require()
+    loaded = load_model(args.model, expert=getattr(args, "expert", None), config=args.config, device="cpu")
+    _refuse_nonfinite_weights(loaded.model)  # before the gate crops and the trace
+    crops, labels, source = gate_crops(args.gate_data, loaded.codec.input_size)
+    kwargs = dict(batch=args.batch, flip_test=args.flip_test, fp16=args.fp16, codec=loaded.codec,
+                  flip_indices=loaded.skeleton.flip_indices, crops=crops, labels=labels, source=source)
+    if fmt == "onnx":
+        kwargs["opset"] = args.opset
     try:
-        out = Path(args.out)
-        fmt = _resolve_format(args.format, out)
-        inputs = (args.model, args.config, args.gate_data)
-        for target in (out, out.with_name(out.name + ".data")):  # before the work; never over an input
-            check_output(target, "--out", inputs=inputs)
-        if fmt == "onnx":
-            require()
-        loaded = load_model(args.model, expert=getattr(args, "expert", None), config=args.config, device="cpu")
-        _refuse_nonfinite_weights(loaded.model)  # before the gate crops and the trace
-        crops, labels, source = gate_crops(args.gate_data, loaded.codec.input_size)
-        kwargs = dict(batch=args.batch, flip_test=args.flip_test, fp16=args.fp16, codec=loaded.codec,
-                      flip_indices=loaded.skeleton.flip_indices, crops=crops, labels=labels, source=source)
-        if fmt == "onnx":
-            kwargs["opset"] = args.opset
         export(loaded.model, out, fmt, **kwargs)
-    except GateError as e:
+    except GateError as e:  # its figures are printed above: the error line says what it means
         what = ("PyTorch's own heatmaps of the model are not finite (NaN/Inf weights or an overflow; figures "
                 "above)" if e.report.reference_nonfinite else "the exported file differs from PyTorch (figures above)")
-        print(f"vitpose export: {what}; nothing was written to {args.out}", file=sys.stderr)
-        return EXIT_GATE
-    except (UserError, MissingDependencyError, CheckpointError, ConfigError, DataError, FileNotFoundError,
-            ValueError) as e:
-        print(f"vitpose export: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        raise GateError(e.report, f"{what}; nothing was written to {args.out}") from None
     size = sum(p.stat().st_size for p in (out, out.with_name(out.name + ".data")) if p.is_file())
     print(f"wrote {out} ({size / 2**20:.1f} MiB)")
     return EXIT_OK
