@@ -16,9 +16,9 @@ import torch
 
 from vitpose.codecs.decode import decode_to_image
 from vitpose.data.pixels import normalize_images
-from vitpose.models.wrappers import unwrap_model
 from vitpose.models.spec import ModelSpec
 from vitpose.models.vitpose import flip_test as run_flip_test
+from vitpose.models.wrappers import unwrap_model
 
 __all__ = ["forward_heatmaps", "heatmaps_to_keypoints", "model_input_spec"]
 
