@@ -140,6 +140,7 @@ def test_explicit_bf16_on_a_cpu_that_emulates_it_is_said_once(tmp_path, tiny, ca
     from vitpose import device as device_module
 
     monkeypatch.setattr(device_module, "cpu_has_native_bf16", lambda: False)  # an AVX2 CPU
+    device_module._say_bf16_is_emulated.cache_clear()  # said once per process: an earlier test may have
     for precision in ("auto", "fp32", "fp16"):
         device_module.resolve_precision(precision, "cpu")
     assert not caplog.records

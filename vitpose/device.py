@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
@@ -100,6 +101,14 @@ def _runs_natively(precision: str, device: torch.device) -> bool:
     return False
 
 
+@functools.cache
+def _say_bf16_is_emulated() -> None:
+    """Once per process: a command resolves its precision both when checking flags and when loading."""
+    log.warning("precision bf16: this CPU has no native bf16 (AVX512-BF16 or AMX, or ONEDNN_MAX_CPU_ISA / "
+                "ATEN_CPU_CAPABILITY hide it), so bf16 is emulated, several times slower than fp32; "
+                "use auto or fp32")
+
+
 def resolve_precision(precision: str, device) -> torch.dtype | None:
     """`"auto" | "fp32" | "bf16" | "fp16"` on `device` -> the autocast dtype, or None for fp32.
 
@@ -120,10 +129,7 @@ def resolve_precision(precision: str, device) -> torch.dtype | None:
     if dtype is None:
         return None
     if device.type == "cpu" and dtype is torch.bfloat16 and not _runs_natively("bf16", device):
-        # Taken as asked, but said: emulated bf16 ran ViTPose 9x slower than fp32 on an AVX2 CPU.
-        log.warning("precision bf16: this CPU has no native bf16 (AVX512-BF16 or AMX, or ONEDNN_MAX_CPU_ISA / "
-                    "ATEN_CPU_CAPABILITY hide it), so bf16 is emulated, several times slower than fp32; "
-                    "use auto or fp32")
+        _say_bf16_is_emulated()  # taken as asked, but said: emulated bf16 ran ViTPose 9x slower on AVX2
     if device.type == "cuda" and dtype is torch.bfloat16 and not _runs_natively("bf16", device):
         raise ValueError(f"precision bf16 needs a GPU of compute capability 8.0 or newer (Ampere), this one is "
                          f"{torch.cuda.get_device_capability(device)}; use fp16, fp32 or auto")
