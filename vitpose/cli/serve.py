@@ -173,7 +173,9 @@ def _run(args) -> int:
               f"can use the model", file=sys.stderr)
     predictor, spec, details = load_predictor(args)
     max_body = int(args.max_body_mb * 2**20)
-    settings = serve_app.Settings(model_name=str(args.model), max_body=max_body, max_pixels=args.max_pixels,
+    # a file is shown by its name (the page and /v1/model tell no one the server's folders)
+    model_name = Path(args.model).name if Path(args.model).is_file() else str(args.model)
+    settings = serve_app.Settings(model_name=model_name, max_body=max_body, max_pixels=args.max_pixels,
                                   timeout=args.timeout, token=token, mark_below=args.mark_below, details=details)
     metrics = Metrics()
     runner = BatchRunner(predictor, args.max_batch or predictor.batch_size, args.max_wait_ms / 1000, metrics)
