@@ -308,3 +308,61 @@ def test_labelstudio_backend_equals_predict_format_labelstudio_and_imports_back(
     for k, name in enumerate(imported["categories"][0]["keypoints"]):
         assert back[k, 0] == pytest.approx(points[name]["x"] * 640 / 100, abs=1e-6)
         assert back[k, 1] == pytest.approx(points[name]["y"] * 425 / 100, abs=1e-6)
+
+
+class _StubPredictor:
+    """The TopDown interface the batch thread uses, with a network that records its batches and an
+    image that fails the pipeline (a first pixel of 255)."""
+
+    batch_size, detector, skeleton = 8, None, None
+
+    def __init__(self):
+        self.batches = []
+
+    def run_network(self, crops):
+        self.batches.append(len(crops))
+        return crops
+
+    def __call__(self, images, boxes, channels):
+        if any(image[0, 0, 0] == 255 for image in images):
+            raise ValueError("this image fails the pipeline")
+        self.run_network(np.zeros((sum(len(b) for b in boxes), 3, 4, 3), np.uint8))
+        return [len(b) for b in boxes]
+
+
+def test_a_failing_job_in_a_batch_fails_alone_and_a_late_request_times_out():
+    """The batch thread's own rules, without HTTP: a batch that fails is run again job by job (only
+    the job that failed gets the error), and a request past its timeout gets a 504 and its job is
+    dropped before it runs."""
+    import asyncio
+
+    from vitpose.serve.app import Service, Settings
+    from vitpose.serve.batching import BatchRunner, Metrics
+    from vitpose.serve.labelstudio import RequestError
+
+    stub, metrics = _StubPredictor(), Metrics()
+    runner = BatchRunner(stub, max_batch=16, max_wait=0.5, metrics=metrics)
+    try:
+        images = [np.zeros((4, 4, 3), np.uint8) for _ in range(6)]
+        images[2] = np.full((4, 4, 3), 255, np.uint8)
+        futures = [runner.submit(image, np.zeros((i + 1, 5), np.float32)) for i, image in enumerate(images)]
+        for i, future in enumerate(futures):
+            if i == 2:
+                with pytest.raises(ValueError, match="fails the pipeline"):
+                    future.result(timeout=30)
+            else:
+                assert future.result(timeout=30) == i + 1
+        assert stub.batches == [1, 2, 4, 5, 6] and metrics.forward_passes == 5  # retried one by one
+        # gathered: the next jobs share one pass
+        futures = [runner.submit(images[0], np.zeros((1, 5), np.float32)) for _ in range(4)]
+        assert [f.result(timeout=30) for f in futures] == [1] * 4 and stub.batches[-1] == 4
+
+        service = Service(stub, None, Settings(model_name="stub", timeout=0.1), runner, metrics, None)
+        runner.max_wait = 1.0  # the batch waits longer than the request may
+        with pytest.raises(RequestError) as late:
+            asyncio.run(service.poses(images[0], np.zeros((1, 5), np.float32)))
+        assert late.value.status == 504 and "timeout" in str(late.value)
+        time.sleep(1.5)
+        assert stub.batches[-1] == 4  # the cancelled job never ran
+    finally:
+        runner.close()
