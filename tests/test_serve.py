@@ -135,6 +135,23 @@ def test_answers_equal_predict_json(server, workdir, expected, coco_mini_dir):
     assert len(want) == 3
     assert_same_records(answer["records"], want)
 
+    # format=cvat is `predict --format cvat`'s file (coordinates have CVAT's 2 decimals: equal, or one
+    # step apart where the last bits of a batch moved a value across a rounding edge)
+    want = predict_json(workdir, workdir / "images" / COCO_IMAGE, "--detector", "full-frame", "--format", "cvat",
+                        name="cvat.xml").read_text().splitlines()
+    body, headers = multipart({"image": (COCO_IMAGE, data), "format": "cvat"})
+    status, _, got = server.request("POST", "/v1/predict", body, {**AUTH, **headers})
+    assert status == 200
+    got = got.decode().splitlines()
+    assert len(got) == len(want) > 20
+    for line, line_want in zip(got, want):
+        if 'points="' in line:
+            point, point_want = (np.array(text.split('points="')[1].split('"')[0].split(","), float)
+                                 for text in (line, line_want))
+            np.testing.assert_allclose(point, point_want, rtol=0, atol=0.0100001)
+            line, line_want = line.split('points="')[0], line_want.split('points="')[0]
+        assert line == line_want
+
 
 def _concurrently(server, bodies):
     """Send every (body, headers) at once from its own thread; [(status, answer)] in order."""
@@ -366,3 +383,50 @@ def test_a_failing_job_in_a_batch_fails_alone_and_a_late_request_times_out():
         assert stub.batches[-1] == 4  # the cancelled job never ran
     finally:
         runner.close()
+
+
+def test_labelstudio_task_images_come_from_its_host_only(server, workdir):
+    """A task image that is not in --image-dir is fetched from the Label Studio `/setup` named, with
+    its token; a URL on another host is refused in one line; a data: URL is read as it is."""
+    import base64
+    import http.server
+
+    data = (workdir / "images" / COCO_IMAGE).read_bytes()
+    seen = []
+
+    class FakeLabelStudio(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            seen.append((self.path, self.headers.get("Authorization")))
+            ok = self.path == "/data/upload/1/5e3b2f1a-photo.jpg" and self.headers.get("Authorization") == "Token ls-key"
+            self.send_response(200 if ok else 403)
+            self.send_header("Content-Length", str(len(data) if ok else 0))
+            self.end_headers()
+            if ok:
+                self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    fake = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeLabelStudio)
+    threading.Thread(target=fake.serve_forever, daemon=True).start()
+    try:
+        host = f"http://127.0.0.1:{fake.server_address[1]}"
+        status, _ = server.json("POST", "/setup", json.dumps({"project": "1", "hostname": host,
+                                                               "access_token": "ls-key"}).encode(), AUTH)
+        assert status == 200
+        encoded = "data:image/jpeg;base64," + base64.b64encode(data).decode()
+        tasks = [{"id": 1, "data": {"image": "/data/upload/1/5e3b2f1a-photo.jpg"}},
+                 {"id": 2, "data": {"image": labelstudio_image_url(COCO_IMAGE)}},
+                 {"id": 3, "data": {"image": encoded}}]
+        status, answer = server.json("POST", "/predict", json.dumps({"tasks": tasks}).encode(), AUTH)
+        assert status == 200, answer
+        assert seen == [("/data/upload/1/5e3b2f1a-photo.jpg", "Token ls-key")]  # only the image not on disk
+        fetched, local, inline = answer["results"]
+        assert fetched["result"] == local["result"] == inline["result"] and len(local["result"]) == 18
+        for url in ("http://169.254.169.254/latest/meta-data/x.jpg", "file:///etc/passwd"):
+            status, answer = server.json("POST", "/predict", json.dumps(
+                {"tasks": [{"id": 9, "data": {"image": url}}]}).encode(), AUTH)
+            assert status == 422 and "task 9" in answer["error"] and "not on Label Studio's host" in answer["error"]
+        assert len(seen) == 1  # nothing else was fetched
+    finally:
+        fake.shutdown()
