@@ -430,3 +430,25 @@ def test_labelstudio_task_images_come_from_its_host_only(server, workdir):
         assert len(seen) == 1  # nothing else was fetched
     finally:
         fake.shutdown()
+
+
+def test_command_line_errors_are_one_line_and_exit_2(workdir, capsys):
+    """A taken port fails before the model loads; bad flags and a missing model name what to fix."""
+    import socket
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    try:
+        cases = [(["--port", str(port)], f"--port {port}: cannot listen there"),
+                 (["--port", "70000"], "--port must be in 0..65535"),
+                 (["--max-batch", "0"], "--max-batch must be >= 1"),
+                 (["--image-dir", str(workdir / "missing")], "--image-dir: not a folder"),
+                 (["--model", str(workdir / "missing.safetensors"), "--port", "0"], "missing.safetensors")]
+        for argv, words in cases:
+            assert main(["serve", "--model", str(workdir / "tiny.safetensors"), *argv]) == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and err[0].startswith("vitpose serve: error: ") and words in err[0], err
+    finally:
+        taken.close()

@@ -171,7 +171,12 @@ def _run(args) -> int:
     if not _loopback(args.host) and token is None:
         print(f"vitpose serve: warning: listening on {args.host} without --token: anyone who reaches this port "
               f"can use the model", file=sys.stderr)
-    predictor, spec, details = load_predictor(args)
+    sock = server.listen(args.host, args.port)  # before the model loads: a taken port fails at once
+    try:
+        predictor, spec, details = load_predictor(args)
+    except BaseException:
+        sock.close()
+        raise
     max_body = int(args.max_body_mb * 2**20)
     # a file is shown by its name (the page and /v1/model tell no one the server's folders)
     model_name = Path(args.model).name if Path(args.model).is_file() else str(args.model)
@@ -189,6 +194,6 @@ def _run(args) -> int:
               f"max wait {args.max_wait_ms:g} ms{', token required' if token else ''})", flush=True)
 
     try:
-        return server.run(serve_app.build_app(service), args.host, args.port, listening)
+        return server.run(serve_app.build_app(service), sock, listening)
     finally:
         runner.close(timeout=5)
