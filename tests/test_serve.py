@@ -9,7 +9,8 @@ detector, fp32, a 1 MB body limit, a token) answers most tests; the SIGTERM test
   gets its 4xx while the other 15 get their poses.
 - Garbage, an empty body, a 30000x20000 PNG header, a wrong or missing token and a body over the
   limit: each a 4xx JSON error of one line, and `/v1/health` answers after each.
-- SIGTERM during 8 requests in flight: all 8 answered with their poses, exit status 0.
+- SIGTERM during 8 requests in flight: all 8 answered with their poses, exit status 0 (and a 9th
+  beyond `--max-in-flight 8` got a 503 at once).
 - Label Studio's `/predict` equals `vitpose predict --format labelstudio`, and `vitpose
   import-annotations` reads it back.
 """
@@ -239,7 +240,8 @@ def test_bad_requests_are_a_4xx_json_error_and_the_server_keeps_serving(server, 
 def test_sigterm_answers_the_requests_in_flight_and_exits_0(workdir, expected):
     # a long batch wait keeps all 8 requests in flight until the signal has arrived
     server = start_server(["--model", workdir / "tiny.safetensors", "--detector", "full-frame", "--device", "cpu",
-                           "--precision", "fp32", "--max-batch", "64", "--max-wait-ms", "4000"], workdir)
+                           "--precision", "fp32", "--max-batch", "64", "--max-wait-ms", "4000", "--max-in-flight", "8"],
+                          workdir)
     try:
         paths = sorted((workdir / "images").iterdir())
         chosen = [paths[i % len(paths)] for i in range(8)]
@@ -256,6 +258,10 @@ def test_sigterm_answers_the_requests_in_flight_and_exits_0(workdir, expected):
         while server.metric("vitpose_in_flight") < 8:
             assert time.monotonic() < deadline, "the 8 requests never were in flight together"
             time.sleep(0.05)
+        # a 9th is over --max-in-flight: a 503 at once, the 8 are not disturbed
+        body, headers = multipart({"image": (chosen[0].name, chosen[0].read_bytes())})
+        busy, answer = server.json("POST", "/v1/predict", body, headers, timeout=30)
+        assert busy == 503 and "--max-in-flight" in answer["error"], answer
         server.proc.send_signal(signal.SIGTERM)
         for t in threads:
             t.join(timeout=120)

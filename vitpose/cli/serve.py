@@ -56,6 +56,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--token", default=None,
                    help=f"require 'Authorization: Bearer TOKEN' (default: ${TOKEN_ENV} if set; none)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a request may wait for its poses (default: %(default)s)")
+    p.add_argument("--max-in-flight", type=int, default=64,
+                   help="requests answered at once; more get 503 (bounds the memory they hold; default: %(default)s)")
     p.add_argument("--max-body-mb", type=float, default=20.0, help="largest request body in MB (default: %(default)s)")
     p.add_argument("--max-pixels", type=int, default=None,
                    help="largest image in pixels, read from its header before decoding (default: $VITPOSE_MAX_PIXELS "
@@ -84,6 +86,8 @@ def _check_flags(args) -> None:
         raise ServeError(f"--max-wait-ms must be in 0..10000, got {args.max_wait_ms}")
     if not args.timeout > 0:
         raise ServeError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    if args.max_in_flight < 1:
+        raise ServeError(f"--max-in-flight must be >= 1, got {args.max_in_flight}")
     if not args.max_body_mb > 0:
         raise ServeError(f"--max-body-mb must be > 0, got {args.max_body_mb}")
     if args.max_pixels is not None and args.max_pixels < 0:
@@ -181,7 +185,8 @@ def _run(args) -> int:
     # a file is shown by its name (the page and /v1/model tell no one the server's folders)
     model_name = Path(args.model).name if Path(args.model).is_file() else str(args.model)
     settings = serve_app.Settings(model_name=model_name, max_body=max_body, max_pixels=args.max_pixels,
-                                  timeout=args.timeout, token=token, mark_below=args.mark_below, details=details)
+                                  timeout=args.timeout, token=token, mark_below=args.mark_below,
+                                  max_in_flight=args.max_in_flight, details=details)
     metrics = Metrics()
     runner = BatchRunner(predictor, args.max_batch or predictor.batch_size, args.max_wait_ms / 1000, metrics)
     task_images = TaskImages(args.image_dir, args.labelstudio_url, max_bytes=max_body)

@@ -15,7 +15,8 @@ Endpoints (JSON unless said; every error is `{"error": "one line"}` with a 4xx o
   (`vitpose.serve.labelstudio`).
 
 Limits: the body (`--max-body-mb`, checked on Content-Length and while reading), the pixel limit
-(`vitpose.files`, read from the image's header before decoding), a per-request timeout. With
+(`vitpose.files`, read from the image's header before decoding), a per-request timeout, the
+requests answered at once (`--max-in-flight`, beyond it 503: the memory they hold is bounded). With
 `--token`, every endpoint but `/`, `/v1/health` and `/health` needs `Authorization: Bearer TOKEN`
 (or HTTP Basic with the token as password: what Label Studio sends to a backend).
 Images are decoded as `vitpose predict` decodes files (`vitpose.data.image_io.decode_image`: BGR,
@@ -68,6 +69,7 @@ class Settings:
     timeout: float = 60.0
     token: str | None = None
     mark_below: float = 0.3
+    max_in_flight: int = 64  # requests being answered at once (each holds a body and a decoded image)
     details: dict = field(default_factory=dict)  # device, precision, flip test, ... for /v1/model
 
 
@@ -204,7 +206,12 @@ def endpoint(name: str, auth: bool = True, counts_in_flight: bool = False):
         async def run(request: Request):
             service: Service = request.app.state.service
             start = time.perf_counter()
-            if counts_in_flight:
+            if counts_in_flight and service.metrics.in_flight >= service.settings.max_in_flight:
+                response = error_response(503, f"busy: {service.settings.max_in_flight} requests are being answered "
+                                               f"(--max-in-flight); try again")
+                service.metrics.request(name, response.status_code, time.perf_counter() - start)
+                return response
+            if counts_in_flight:  # no await between the check and this: the event loop runs one at a time
                 service.metrics.started(+1)
             try:
                 if auth:
