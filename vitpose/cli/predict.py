@@ -39,7 +39,6 @@ model, outputs); 70 a bug (its traceback); 130 interrupted.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
@@ -56,10 +55,10 @@ from vitpose.inference.pipeline import (
     VIDEO_SUFFIXES,
     ResultsFile,
     classify_source,
-    coco_records,
     image_ids,
     read_boxes_file,
 )
+from vitpose.inference.records import image_records
 
 DEFAULT_MODEL = "vitpose-b-simple"
 STAGES = ("decode", "detect", "crop", "pose", "decode heatmaps", "draw", "write")
@@ -490,9 +489,9 @@ class _ImageRun:
         timer = self.predictor.timer
         if self.results is not None:
             with timer.stage("write"):
-                records, nonfinite = coco_records(poses, image_id=image_id, file_name=name)
-                if getattr(self.args, "format", "coco") != "coco":  # the pre-annotation formats need the size
-                    records = [{**r, "width": image.shape[1], "height": image.shape[0]} for r in records]
+                # the pre-annotation formats need the size; `vitpose serve` answers with the same records
+                with_size = getattr(self.args, "format", "coco") != "coco"
+                records, nonfinite = image_records(poses, name, image_id, image.shape[:2] if with_size else None)
                 self.results.write(records, nonfinite)
         self.people += len(poses)
         self.nobody += len(poses) == 0
@@ -581,24 +580,12 @@ def predict_images(predictor, paths: list[Path], args, boxes=(None, None), stop=
 
 
 def _annotation_writer(args, predictor):
-    """records -> the text of `--format labelstudio | cvat` (vitpose/data/annotation_formats.py)."""
-    from vitpose.data import annotation_formats
+    """records -> the text of `--format labelstudio | cvat` (`vitpose.inference.records.render_records`)."""
     from vitpose.data.metainfo import dataset_info
+    from vitpose.inference.records import render_records
 
     skeleton = getattr(predictor, "skeleton", None) or dataset_info("coco")
-
-    def render(records: list[dict]) -> str:
-        K = len(records[0]["keypoints"]) // 3 if records else skeleton.num_keypoints
-        if K != skeleton.num_keypoints:
-            raise UsageError(f"--format {args.format}: the model predicts {K} keypoints but the skeleton "
-                             f"{skeleton.name!r} names {skeleton.num_keypoints}; give the model's training config "
-                             f"with --config")
-        if args.format == "labelstudio":
-            return json.dumps(annotation_formats.to_labelstudio_tasks(records, skeleton.keypoint_names,
-                                                                      mark_below=args.mark_below), indent=1)
-        return annotation_formats.to_cvat_xml(records, skeleton.keypoint_names, skeleton.skeleton,
-                                              mark_below=args.mark_below)
-    return render
+    return lambda records: render_records(records, args.format, skeleton, args.mark_below)
 
 
 def _boxes_of(table, key: str, name: str, image_id: int, image) -> np.ndarray:
