@@ -42,7 +42,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                               epilog="\n\n".join(doc[1:]), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help="a published name, an HF repo id, a weights file or an exported .onnx file (default: %(default)s)")
-    p.add_argument("--config", default=None, help="training config of the weights (custom models)")
+    p.add_argument("--config", default=None, metavar="FILE|NAME",
+                   help="the run config the weights were trained with (a YAML file or a shipped config's name, "
+                        "as for vitpose train); its model section and skeleton describe them. Default: what the "
+                        "file records, or its tensor shapes")
     p.add_argument("--detector", default="default",
                    help="default | none (every request sends boxes) | full-frame | a name of "
                         "vitpose.inference.detect.DETECTORS (default: %(default)s)")
@@ -144,21 +147,6 @@ def load_predictor(args):
 
 
 def run(args) -> int:
-    from vitpose.config import ConfigError
-
-    try:
-        return _run(args)
-    except (ConfigError, FileNotFoundError) as e:
-        if args.debug:
-            raise
-        raise ServeError(str(e)) from None
-    except (ValueError, RuntimeError) as e:  # an unrecognised weights file, detector weights
-        if args.debug or isinstance(e, UserError):
-            raise
-        raise ServeError(str(e)) from None
-
-
-def _run(args) -> int:
     _check_flags(args)
     try:
         import python_multipart  # noqa: F401
