@@ -17,8 +17,9 @@ import torch
 from vitpose.data.geometry import crop_to_image
 from vitpose.data.pixels import normalize_images
 from vitpose.models.vitpose import flip_test as run_flip_test
+from vitpose.models.vitpose import flip_views as run_flip_views
 
-__all__ = ["forward_heatmaps", "heatmaps_to_keypoints"]
+__all__ = ["forward_flip_views", "forward_heatmaps", "heatmaps_to_keypoints"]
 
 
 def forward_heatmaps(model, images: torch.Tensor, flip_test: bool = True, amp_dtype=None,
@@ -29,12 +30,29 @@ def forward_heatmaps(model, images: torch.Tensor, flip_test: bool = True, amp_dt
     mirrored heatmaps are flipped back and averaged (`vitpose.flip_test`: MMPose's heatmap mode,
     no 1-px shift). `amp_dtype` (torch.bfloat16 / torch.float16) runs the model under autocast.
     """
+    with _autocast(images, amp_dtype) as x:
+        heatmaps = run_flip_test(model, x, flip_indices) if flip_test else model(x)
+    return heatmaps.float()
+
+
+def forward_flip_views(model, images: torch.Tensor, amp_dtype=None,
+                       flip_indices: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The flip test's two views of uint8 RGB crops, each (N, K, H, W) float32: the plain
+    forward and the mirrored one flipped back (`vitpose.models.vitpose.flip_views`). Their mean
+    is what `forward_heatmaps(flip_test=True)` returns."""
+    with _autocast(images, amp_dtype) as x:
+        plain, mirrored = run_flip_views(model, x, flip_indices)
+    return plain.float(), mirrored.float()
+
+
+@contextlib.contextmanager
+def _autocast(images: torch.Tensor, amp_dtype):
+    """The normalised input, under autocast when `amp_dtype` is given."""
     x = normalize_images(images)  # TypeError / ValueError for anything but uint8 (N, 3, H, W)
     autocast = (torch.autocast(x.device.type, dtype=amp_dtype) if amp_dtype is not None
                 else contextlib.nullcontext())
     with autocast:
-        heatmaps = run_flip_test(model, x, flip_indices) if flip_test else model(x)
-    return heatmaps.float()
+        yield x
 
 
 def heatmaps_to_keypoints(heatmaps, center, scale, codec) -> tuple[np.ndarray, np.ndarray]:

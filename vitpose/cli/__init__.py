@@ -1,6 +1,7 @@
 """The `vitpose` command: one console script, one subcommand per module, one error handler.
 
     vitpose train | evaluate | predict | export | tune | check-data | build-crop-cache | plot | import-annotations
+            | select | audit
 
 Each command module has `add_parser(subparsers)` (which sets `run` as its parser's default) and
 `run(args) -> exit status`. Adding a command is one line in `COMMANDS`. Every subcommand's parser
@@ -17,12 +18,14 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from vitpose.cli import build_crop_cache, check_data, evaluate, import_annotations, plot, predict, train, tune
+from vitpose.cli import (audit, build_crop_cache, check_data, evaluate, import_annotations, plot, predict, select,
+                         train, tune)
 from vitpose.errors import UserError
 from vitpose.inference import export
 
 # The subcommands, in the order `vitpose --help` lists them.
-COMMANDS = (train, evaluate, predict, export, tune, check_data, build_crop_cache, plot, import_annotations)
+COMMANDS = (train, evaluate, predict, export, tune, check_data, build_crop_cache, plot, import_annotations, select,
+            audit)
 
 SHARED = ("--config", "--set", "--device", "--debug")
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C

@@ -84,11 +84,12 @@ def build_model(name, decoder="classic", num_keypoints=17, **kwargs):
     return ViTPose(backbone, head)
 
 
-def flip_test(model, x, flip_indices=None):
-    """Average of model(x) and the heatmaps of the mirrored crop flipped back (no 1-px shift).
+def flip_views(model, x, flip_indices=None):
+    """The two views of the flip test: model(x) and the mirrored crop's heatmaps flipped back.
 
     Both crops run as one batch; `flip_indices` (None: COCO-17) reorders left/right channels:
-    one entry per heatmap channel (a dataset's `DatasetInfo.flip_indices`).
+    one entry per heatmap channel (a dataset's `DatasetInfo.flip_indices`). Where the two views
+    disagree the model is unsure of left and right (`vitpose select` ranks frames by it).
     """
     flip_indices = list(FLIP_INDICES if flip_indices is None else flip_indices)
     heatmaps, flipped = model(torch.cat([x, x.flip(-1)])).chunk(2)
@@ -96,7 +97,18 @@ def flip_test(model, x, flip_indices=None):
         raise ValueError(f"flip_test: the model predicts {heatmaps.shape[1]} heatmaps but {len(flip_indices)} flip "
                          "indices were given (None means COCO's 17): pass the skeleton's, e.g. "
                          "vitpose.data.dataset_info(name).flip_indices")
-    return (heatmaps + flipped.flip(-1)[:, flip_indices]) * 0.5
+    return heatmaps, flipped.flip(-1)[:, flip_indices]
 
 
-__all__ = ["DECODERS", "MODEL_SIZES", "ViTPose", "build_model", "flip_test"]
+def flip_test(model, x, flip_indices=None):
+    """Average of model(x) and the heatmaps of the mirrored crop flipped back (no 1-px shift):
+    the mean of `flip_views`."""
+    return average_flip_views(*flip_views(model, x, flip_indices))
+
+
+def average_flip_views(heatmaps, mirrored):
+    """The flip test's heatmaps from its two views (`flip_views`): their mean."""
+    return (heatmaps + mirrored) * 0.5
+
+
+__all__ = ["DECODERS", "MODEL_SIZES", "ViTPose", "build_model", "average_flip_views", "flip_test", "flip_views"]
