@@ -66,9 +66,45 @@ def random_recall(ids: list[int], planted, draws: int = 1000, seed: int = 0) -> 
     return float(np.mean([top_k_recall(list(rng.permutation(ids)), planted) for _ in range(draws)]))
 
 
+def hard_video(root: Path, path: Path, boxes_path: Path, images: int = 8, hold: int = 5, hard_every: int = 4,
+               seed: int = 0) -> set[int]:
+    """A video of `images` synthetic validation images, each held for `hold` frames drifting 2 px a
+    frame; every `hard_every`-th frame made hard (a grey occluder over half of each person's box,
+    or a strong blur, in turn). Writes the GT boxes as a `--boxes` file keyed by frame; returns the
+    hard frames."""
+    import cv2
+
+    doc = json.loads((root / "annotations/person_keypoints_val2017.json").read_text())
+    rng = np.random.default_rng(seed)
+    writer, hard, boxes, frame = None, set(), [], 0
+    for image in doc["images"][:images]:
+        pixels = cv2.imread(str(root / "val2017" / image["file_name"]))
+        people = [a["bbox"] for a in doc["annotations"] if a["image_id"] == image["id"] and a["num_keypoints"] > 0]
+        if writer is None:
+            writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), 10, pixels.shape[1::-1])
+        for t in range(hold):
+            shifted = np.roll(pixels, 2 * t, axis=1)
+            if frame % hard_every == hard_every - 1:
+                hard.add(frame)
+                if len(hard) % 2:
+                    for x, y, w, h in people:
+                        x0 = int(x + 2 * t + rng.uniform(0, 0.5) * w)
+                        y0 = int(y + rng.uniform(0, 0.5) * h)
+                        shifted[y0:y0 + int(h / 2), x0:x0 + int(w / 2)] = 128
+                else:
+                    shifted = cv2.GaussianBlur(shifted, (0, 0), 6)
+            writer.write(shifted)
+            boxes += [{"frame": frame, "bbox": [x + 2 * t, y, w, h], "score": 1.0} for x, y, w, h in people]
+            frame += 1
+    writer.release()
+    boxes_path.write_text(json.dumps(boxes))
+    return hard
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("audit",))
+    parser.add_argument("what", choices=("audit", "select"))
+    parser.add_argument("--count", type=int, default=8, help="select: frames to choose")
     parser.add_argument("--model", required=True)
     parser.add_argument("--root", required=True, type=Path, help="the synthetic set (annotations/, val2017/)")
     parser.add_argument("--fraction", type=float, default=0.05)
@@ -78,6 +114,8 @@ def main(argv=None) -> int:
     from vitpose.data.metainfo import dataset_info
 
     args.work.mkdir(parents=True, exist_ok=True)
+    if args.what == "select":
+        return select_figure(args)
     corrupted = args.work / "corrupted.json"
     planted = corrupt_coco(args.root / "annotations/person_keypoints_val2017.json", corrupted,
                            dataset_info("coco").flip_indices, args.fraction, args.seed)
@@ -94,6 +132,31 @@ def main(argv=None) -> int:
     by_kind = {kind: sum(1 for i in ranking[: len(planted)] if planted.get(i) == kind) for kind in CORRUPTIONS}
     print(f"planted {len(planted)} errors in {len(ranking)} people ({dict(zip(*np.unique(list(planted.values()), return_counts=True)))}); "
           f"audit top-{len(planted)} recall {found:.2f} (found per kind {by_kind}); random ranking {chance:.2f}")
+    return 0
+
+
+def select_figure(args) -> int:
+    video, boxes = args.work / "hard.avi", args.work / "hard_boxes.json"
+    hard = hard_video(args.root, video, boxes, seed=args.seed)
+    out = args.work / "next.json"
+    for stale in (out, out.with_name(out.name + ".progress.jsonl")):
+        stale.unlink(missing_ok=True)
+    subprocess.run([sys.executable, "-m", "vitpose", "select", str(video), "--model", args.model, "--count",
+                    str(args.count), "--out", str(out), "--boxes", str(boxes), "--device", "cpu"], check=True)
+    lines = [json.loads(line) for line in out.with_name(out.name + ".progress.jsonl").read_text().splitlines()]
+    from vitpose.data.annotation_formats import labelstudio_file_name
+
+    chosen = [labelstudio_file_name(t["data"]["image"]) for t in json.loads(out.read_text())]
+    frame_of = {line["item"]: line["frame"] for line in lines}
+    picked = sum(frame_of[name] in hard for name in chosen)
+    base = len(hard) / len(lines)
+    from vitpose.labelling.select import FrameScore, settle_jumps
+
+    settled = settle_jumps([FrameScore.from_line(line) for line in lines])
+    by_uncertainty = [lines[i] for i in np.argsort(-np.asarray(settled), kind="stable")[: args.count]]
+    print(f"{len(hard)} hard frames of {len(lines)} (base rate {base:.2f}); select's {len(chosen)}: {picked} hard "
+          f"({picked / len(chosen):.2f}, {picked / len(chosen) / base:.1f}x the base rate); by uncertainty alone: "
+          f"{sum(line['frame'] in hard for line in by_uncertainty)} hard")
     return 0
 
 

@@ -165,10 +165,10 @@ def write_choice(args, predictor, scores, kind: str, frames_dir) -> None:
     """Choose, write the task file (and a video's frames), print the chosen frames and why."""
     from vitpose.data import annotation_formats
     from vitpose.files import write_atomic
-    from vitpose.labelling.select import choose_frames
+    from vitpose.labelling.select import choose_frames, settle_jumps
 
-    chosen = [scores[i] for i in choose_frames([s.uncertainty for s in scores], [s.feature for s in scores],
-                                               args.count, args.diversity)]
+    uncertainty = settle_jumps(scores)
+    chosen = [scores[i] for i in choose_frames(uncertainty, [s.feature for s in scores], args.count, args.diversity)]
     if kind == "video":
         save_frames(args.source.expanduser(), [s.frame for s in chosen], frames_dir)
     records = [record for s in chosen for record in s.records]
@@ -180,7 +180,7 @@ def write_choice(args, predictor, scores, kind: str, frames_dir) -> None:
         for task in tasks:  # the reason travels with the task (a data field Label Studio shows, imports ignore)
             name = annotation_formats.labelstudio_file_name(task["data"]["image"])
             if name in why:
-                task["data"]["vitpose_select"] = {"uncertainty": why[name].uncertainty, **why[name].signals}
+                task["data"]["vitpose_select"] = {k: v for k, v in why[name].signals.items() if k != "after"}
         text = json.dumps(tasks, indent=1)
     elif args.format == "cvat":
         text = annotation_formats.to_cvat_xml(records, skeleton.keypoint_names, skeleton.skeleton,
@@ -194,7 +194,8 @@ def write_choice(args, predictor, scores, kind: str, frames_dir) -> None:
           + (f"; {empty} of them with nobody found (no task)" if empty else ""))
     print(f"{'frame':<28} {'uncertainty':>11}  signals")
     for s in chosen:
-        print(f"{s.item:<28} {s.uncertainty:>11.3f}  " + ", ".join(f"{k} {v:.2f}" for k, v in s.signals.items()))
+        print(f"{s.item:<28} {uncertainty[scores.index(s)]:>11.3f}  "
+              + ", ".join(f"{k} {v:.2f}" for k, v in s.signals.items() if k != "after"))
 
 
 def save_frames(video: Path, frames: list[int], frames_dir: Path) -> None:

@@ -9,7 +9,8 @@ Signals (each in [0, 1], per person; a frame counts its most doubtful person):
   pose both ways; where they part it is unsure of left and right or of the place itself. Free: the
   flip test runs both views anyway.
 - **jump** (videos): 1 - the best OKS of the person with the people of the frame before. Bodies move
-  little between frames, so a pose that jumps is a pose the model got wrong in one of them.
+  little between frames, so a pose that jumps is a pose the model got wrong in one of them. Not
+  across a cut (consecutive thumbnails correlated below 0.8): there the people are others.
 
 A frame's uncertainty is the mean of its signals (jump only in videos). Ranking by uncertainty
 alone picks the same hard moment N times (a video holds many near-identical frames), so the
@@ -33,10 +34,11 @@ from vitpose.errors import UserError
 from vitpose.inference.pipeline import IMAGE_SUFFIXES, ResultsFile, coco_records, read_records
 from vitpose.labelling.similarity import oks
 
-__all__ = ["FrameScore", "choose_frames", "frame_feature", "iter_frames", "labelled_names", "score_frame",
+__all__ = ["FrameScore", "choose_frames", "settle_jumps", "frame_feature", "iter_frames", "labelled_names", "score_frame",
            "select_frames"]
 
 THUMBNAIL = (8, 8)  # (w, h) of the appearance feature: coarse enough that a shifted copy is near
+CUT_CORRELATION = 0.8  # consecutive thumbnails correlated less than this: a cut, no jump is measured
 
 
 @dataclass
@@ -85,14 +87,19 @@ def score_frame(views, sigmas, previous: np.ndarray | None = None, video: bool =
     return float(per_person[hardest]), {name: round(float(v[hardest]), 4) for name, v in signals.items()}, hardest
 
 
-def frame_feature(image: np.ndarray, views, hardest: int | None) -> np.ndarray:
-    """A frame's diversity feature: its grey thumbnail (zero mean, unit norm) and the doubtful
-    person's pose in box coordinates (scaled to unit norm over the keypoints; zeros without one)."""
+def thumbnail(image: np.ndarray) -> np.ndarray:
+    """The frame's small grey thumbnail, zero mean and unit norm (a dot product is a correlation)."""
     import cv2
 
     grey = cv2.resize(image.mean(-1).astype(np.float32), THUMBNAIL, interpolation=cv2.INTER_AREA).ravel()
     grey -= grey.mean()
-    grey /= max(float(np.linalg.norm(grey)), 1e-6)
+    return grey / max(float(np.linalg.norm(grey)), 1e-6)
+
+
+def frame_feature(image: np.ndarray, views, hardest: int | None) -> np.ndarray:
+    """A frame's diversity feature: its `thumbnail` and the doubtful person's pose in box
+    coordinates (scaled to unit norm over the keypoints; zeros without one)."""
+    grey = thumbnail(image)
     k = views.poses.keypoints.shape[1] if views.poses.keypoints.ndim == 3 else 0
     pose = np.zeros(2 * k, np.float32)
     if hardest is not None:
@@ -101,6 +108,23 @@ def frame_feature(image: np.ndarray, views, hardest: int | None) -> np.ndarray:
         relative = (views.poses.keypoints[hardest] - [x1, y1]) / size  # (K, 2), ~[0, 1]
         pose = (relative.ravel() / np.sqrt(k)).astype(np.float32)
     return np.concatenate([grey, pose])
+
+
+def settle_jumps(scores: list[FrameScore]) -> list[float]:
+    """Uncertainties with a video's jumps made two-sided: a jump between frames t-1 and t is
+    either frame's error, so frame t keeps min(its jump from t-1, frame t+1's jump from it);
+    the frame that parts from both neighbours is the outlier (the frame after it is not).
+    A frame whose next one was not scored right after it keeps its own jump."""
+    out = []
+    for n, score in enumerate(scores):
+        signals = dict(score.signals)
+        following = scores[n + 1] if n + 1 < len(scores) else None
+        if "jump" in signals and following is not None and following.frame is not None and score.frame is not None \
+                and "jump" in following.signals and following.signals.get("after") == score.frame:
+            signals["jump"] = min(signals["jump"], following.signals["jump"])
+        values = [v for k, v in signals.items() if k != "after"]
+        out.append(float(np.mean(values)) if values else 0.0)
+    return out
 
 
 def choose_frames(uncertainty, features, count: int, diversity: float = 0.5) -> list[int]:
@@ -221,6 +245,8 @@ def select_frames(predictor, source: Path, kind: str, progress: Path, *, boxes=N
     scores = [FrameScore.from_line(line) for line in read_records(progress)] if results.done else []
     video = kind == "video"
     previous = _keypoints_of(scores[-1].records) if scores and video else None
+    previous_thumb = np.asarray(scores[-1].feature[:THUMBNAIL[0] * THUMBNAIL[1]]) if scores and video else None
+    previous_frame = scores[-1].frame if scores else None
     completed = False
     try:
         for name, frame, image in iter_frames(source, kind, every, skip | results.done):
@@ -229,7 +255,13 @@ def select_frames(predictor, source: Path, kind: str, progress: Path, *, boxes=N
             given = None if boxes is None else _boxes_for(boxes, name, frame)
             views = predictor.flip_views(image, given) if given is None or len(given) else predictor.flip_views(
                 image, np.zeros((0, 4), np.float32))
+            thumb = thumbnail(image)
+            if previous_thumb is not None and float(thumb @ previous_thumb) < CUT_CORRELATION:
+                previous = None  # a cut: the people of the frame before are not these people
+            previous_thumb = thumb
             uncertainty, signals, hardest = score_frame(views, predictor.skeleton.sigmas, previous, video)
+            if video and previous is not None and signals:
+                signals["after"] = previous_frame  # the frame the jump was measured from
             records, _ = coco_records(views.poses, image_id=frame if video else None, file_name=name)
             for record in records:
                 record.update(width=int(image.shape[1]), height=int(image.shape[0]))
@@ -238,6 +270,7 @@ def select_frames(predictor, source: Path, kind: str, progress: Path, *, boxes=N
             results.write([score.line()])
             scores.append(score)
             previous = views.poses.keypoints if video else None
+            previous_frame = frame
             if on_frame is not None:
                 on_frame(score)
         else:
