@@ -103,7 +103,9 @@ def hard_video(root: Path, path: Path, boxes_path: Path, images: int = 8, hold: 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("audit", "select"))
+    parser.add_argument("what", choices=("audit", "select", "finetune"))
+    parser.add_argument("--epochs", type=int, default=10, help="finetune: epochs of each fine-tuning")
+    parser.add_argument("--repeats", type=int, default=2, help="finetune: runs of each arm (seeds / random draws)")
     parser.add_argument("--count", type=int, default=8, help="select: frames to choose")
     parser.add_argument("--model", required=True)
     parser.add_argument("--root", required=True, type=Path, help="the synthetic set (annotations/, val2017/)")
@@ -116,6 +118,8 @@ def main(argv=None) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     if args.what == "select":
         return select_figure(args)
+    if args.what == "finetune":
+        return finetune_figure(args)
     corrupted = args.work / "corrupted.json"
     planted = corrupt_coco(args.root / "annotations/person_keypoints_val2017.json", corrupted,
                            dataset_info("coco").flip_indices, args.fraction, args.seed)
@@ -157,6 +161,61 @@ def select_figure(args) -> int:
     print(f"{len(hard)} hard frames of {len(lines)} (base rate {base:.2f}); select's {len(chosen)}: {picked} hard "
           f"({picked / len(chosen):.2f}, {picked / len(chosen) / base:.1f}x the base rate); by uncertainty alone: "
           f"{sum(line['frame'] in hard for line in by_uncertainty)} hard")
+    return 0
+
+
+def subset_root(root: Path, names: list[str], where: Path) -> Path:
+    """A COCO root whose training set is the `names` images of `root`'s (their ground truth as the
+    labels an annotator would give), sharing the images and the validation set."""
+    doc = json.loads((root / "annotations/person_keypoints_train2017.json").read_text())
+    keep = {image["id"] for image in doc["images"] if image["file_name"] in set(names)}
+    doc["images"] = [image for image in doc["images"] if image["id"] in keep]
+    doc["annotations"] = [a for a in doc["annotations"] if a["image_id"] in keep]
+    (where / "annotations").mkdir(parents=True, exist_ok=True)
+    (where / "annotations/person_keypoints_train2017.json").write_text(json.dumps(doc))
+    (where / "annotations/person_keypoints_val2017.json").write_bytes(
+        (root / "annotations/person_keypoints_val2017.json").read_bytes())
+    for split in ("train2017", "val2017"):
+        if not (where / split).exists():
+            (where / split).symlink_to((root / split).resolve())
+    return where
+
+
+def fine_tune(args, root: Path, work: Path, seed: int) -> float:
+    subprocess.run([sys.executable, "-m", "vitpose", "train", "--config", "demo", "--init", args.model,
+                    "--data-root", str(root), "--work-dir", str(work), "--epochs", str(args.epochs), "--seed", str(seed),
+                    "--set", "data.synthetic_train_images=0", "--set", "data.synthetic_val_images=0",
+                    "--set", f"schedule.milestones=[{args.epochs - 2},{args.epochs - 1}]",
+                    "--set", f"train.val_every={args.epochs}", "--set", "schedule.warmup_iters=5",
+                    "--set", "optim.lr=1e-3", "--device", "cpu"], check=True, stdout=subprocess.DEVNULL)
+    records = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
+    return [r["AP"] for r in records if r.get("kind") == "eval"][-1]
+
+
+def finetune_figure(args) -> int:
+    """select's N training images vs N random ones, each labelled from the ground truth and
+    fine-tuned from --model for the same epochs: AP on the validation set."""
+    pool = args.root / "train2017"
+    out = args.work / "chosen.json"
+    for stale in (out, out.with_name(out.name + ".progress.jsonl")):
+        stale.unlink(missing_ok=True)
+    subprocess.run([sys.executable, "-m", "vitpose", "select", str(pool), "--model", args.model, "--count",
+                    str(args.count), "--out", str(out), "--format", "coco", "--boxes",
+                    str(args.root / "person_detection_results/train_detections.json"), "--device", "cpu"],
+                   check=True, stdout=subprocess.DEVNULL)
+    chosen = sorted({r["file_name"] for r in json.loads(out.read_text())})
+    progress = [json.loads(line) for line in out.with_name(out.name + ".progress.jsonl").read_text().splitlines()]
+    names = [line["item"] for line in progress]
+    aps = {"select": [], "random": []}
+    for repeat in range(args.repeats):
+        picked = sorted(np.random.default_rng(100 + repeat).choice(names, size=len(chosen), replace=False))
+        for arm, subset in (("select", chosen), ("random", picked)):
+            root = subset_root(args.root, subset, args.work / f"{arm}{repeat}_data")
+            aps[arm].append(fine_tune(args, root, args.work / f"{arm}{repeat}", seed=repeat))
+            print(f"{arm} run {repeat}: AP {aps[arm][-1]:.4f}", flush=True)
+    for arm, values in aps.items():
+        print(f"{arm}: {len(chosen)} images, AP " + ", ".join(f"{v:.4f}" for v in values)
+              + f"  (mean {np.mean(values):.4f})")
     return 0
 
 
