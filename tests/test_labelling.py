@@ -314,3 +314,42 @@ def test_select_over_represents_hard_frames_with_a_trained_model(tmp_path, train
     chosen = [frame_of[t["data"]["image"].rsplit("=", 1)[1]] for t in json.loads(out.read_text())]
     base = len(hard) / len(lines)
     assert sum(f in hard for f in chosen) / len(chosen) >= 2 * base, (chosen, sorted(hard))
+
+
+def test_both_commands_take_the_skeleton_the_model_records(tmp_path, capsys):
+    """A 5-keypoint model (its skeleton in its file): the tasks name its keypoints, the audit
+    reads a 5-keypoint COCO file and its swap check uses that skeleton's flip pairs."""
+    import dataclasses
+
+    from conftest import REPO
+
+    from vitpose.builders import skeleton_data
+
+    info = dataset_info(REPO / "configs" / "demo_k5_skeleton.yaml")
+    torch.manual_seed(1)
+    model = vitpose.build_model("vitpose-s", num_keypoints=5, embed_dim=64, depth=1, num_heads=2,
+                                deconv_channels=(32, 32), img_size=(128, 96))
+    spec = dataclasses.replace(spec_of_model(model), skeleton=skeleton_data(info))
+    weights = tmp_path / "k5.safetensors"
+    vitpose.save_weights(model, weights, spec=spec)
+    root = tmp_path / "k5"
+    make_coco(root, num_images=3, seed=5, split="val", dataset_info=info)
+    out = tmp_path / "next.json"
+    assert main(["select", str(root / "val2017"), "--model", str(weights), "--count", "2", "--out", str(out),
+                 "--detector", "full-frame", "--device", "cpu"]) == 0
+    names = {r["value"]["keypointlabels"][0] for t in json.loads(out.read_text())
+             for r in t["predictions"][0]["result"] if r["type"] == "keypointlabels"}
+    assert names == set(info.keypoint_names)
+    report = tmp_path / "audit.json"
+    assert main(["audit", "--model", str(weights), "--annotations", str(root / "annotations/person_keypoints_val2017.json"),
+                 "--images", str(root / "val2017"), "--out", str(report), "--device", "cpu"]) == 0
+    assert json.loads(report.read_text())["instances"] > 0
+
+    # the swap check on this skeleton: the label with its wrists and ankles exchanged
+    rng = np.random.default_rng(0)
+    predicted = np.array([[50, 10], [80, 60], [20, 60], [65, 120], [35, 120]], float) + rng.normal(0, 1, (5, 2))
+    label = np.concatenate([predicted[list(info.flip_indices)], np.full((5, 1), 2.0)], 1)
+    calibration = Calibration(error=np.full(5, 0.03), score=np.full(5, 0.5), clear=np.full(5, 0.8),
+                              faint=np.full(5, 0.05))
+    checks, _, _ = audit_instance(label, (10, 0, 80, 130), predicted, np.full(5, 0.6), np.zeros(5), info, calibration)
+    assert checks["swap"] >= 0.9
