@@ -353,3 +353,33 @@ def test_both_commands_take_the_skeleton_the_model_records(tmp_path, capsys):
                               faint=np.full(5, 0.05))
     checks, _, _ = audit_instance(label, (10, 0, 80, 130), predicted, np.full(5, 0.6), np.zeros(5), info, calibration)
     assert checks["swap"] >= 0.9
+
+
+def test_an_interrupted_audit_keeps_its_images_and_resumes(tmp_path, tiny_model, synthetic, monkeypatch):
+    import os
+    import signal
+
+    from vitpose.labelling import audit as audit_module
+
+    ann = synthetic / "annotations" / "person_keypoints_val2017.json"
+    report = tmp_path / "audit.json"
+    argv = ["audit", "--model", str(tiny_model), "--annotations", str(ann), "--images", str(synthetic / "val2017"),
+            "--out", str(report), "--device", "cpu"]
+    real, calls = audit_module.predict_image, []
+
+    def interrupted(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C during the second image: it finishes, then stops
+        return real(*args)
+
+    monkeypatch.setattr(audit_module, "predict_image", interrupted)
+    assert main(argv) == 130 and not report.exists()
+    progress = tmp_path / "audit.json.progress.jsonl"
+    assert len(progress.read_text().splitlines()) == 2
+    calls.clear()
+    monkeypatch.setattr(audit_module, "predict_image", lambda *a: (calls.append(1), real(*a))[1])
+    assert main(argv + ["--resume"]) == 0
+    images = [json.loads(line)["image"] for line in progress.read_text().splitlines()]
+    assert len(images) == len(set(images)) == len(calls) + 1  # the last kept image is done again
+    assert json.loads(report.read_text())["instances"] > 0

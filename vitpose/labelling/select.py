@@ -253,8 +253,7 @@ def select_frames(predictor, source: Path, kind: str, progress: Path, *, boxes=N
             if stop is not None and stop():
                 break
             given = None if boxes is None else _boxes_for(boxes, name, frame)
-            views = predictor.flip_views(image, given) if given is None or len(given) else predictor.flip_views(
-                image, np.zeros((0, 4), np.float32))
+            views = predictor.flip_views(image, given)  # given None: the predictor's detector
             thumb = thumbnail(image)
             if previous_thumb is not None and float(thumb @ previous_thumb) < CUT_CORRELATION:
                 previous = None  # a cut: the people of the frame before are not these people
