@@ -215,3 +215,23 @@ def test_flip_pairs_the_names_contradict_warn():
     [warn] = [f for f in C.check_skeleton(kept) if f.check == "flip pairs by name"]
     assert "'left_eye' mirrors to itself although 'right_eye' exists" in warn.detail
     assert not [f for f in C.check_skeleton(dataset_info("coco_wholebody")) if f.status != C.OK]
+
+
+def test_a_synthetic_config_before_its_set_is_written_says_how_to_write_it(tmp_path, capsys, monkeypatch):
+    # N27: README's `vitpose check-data --config demo_k5` in a fresh folder gave two ERROR rows
+    # "annotation file not found" and nothing said that `vitpose train --config demo_k5` writes the set.
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(["check-data", "--config", "demo_k5"])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == "", captured.out
+    (line,) = captured.err.strip().splitlines()
+    assert "`vitpose train --config demo_k5` writes to work_dirs/demo_k5/synthetic_coco before training" in line
+    assert "not written yet" in line and "annotations" in line
+    # Once written (here by the same synthetic writer train uses), the table as before.
+    cfg = load_config("demo_k5")
+    root = tmp_path / cfg.data.root
+    info = dataset_info(REPO / "configs" / "demo_k5_skeleton.yaml")
+    make_coco(root, 4, seed=3, split="train", dataset_info=info)
+    make_coco(root, 2, seed=3, split="val", dataset_info=info)
+    code = cli.main(["check-data", "--config", "demo_k5"])
+    assert code == 0 and "0 error(s)" in capsys.readouterr().out

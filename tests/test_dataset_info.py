@@ -4,6 +4,7 @@ tests/fixtures/dataset_infos.json is what MMPose's `parse_pose_metainfo` makes o
 `configs/_base_/datasets/{name}.py` (tools/reference/make_dataset_infos.py writes it).
 """
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -179,8 +180,17 @@ def _raises(parts, fn):
 
 def test_unknown_name_lists_the_builtins():
     _raises(["unknown dataset 'cocoo'", "did you mean 'coco'", *BUILTIN_NAMES], lambda: dataset_info("cocoo"))
-    _raises(["unknown dataset 'horses'", "coco, coco_wholebody, aic, mpii, ap10k, apt36k"],
+    _raises(["unknown dataset 'horses'", "aic, ap10k, apt36k, coco, coco_wholebody, mpii"],
             lambda: dataset_info("horses"))
+
+
+def test_builtins_are_the_files_of_the_skeletons_folder():
+    """No hard-coded list: every YAML of vitpose/data/skeletons/ is a built-in, and only those."""
+    import vitpose.data.metainfo as metainfo
+
+    folder = Path(metainfo.__file__).parent / "skeletons"
+    assert BUILTIN_NAMES == tuple(sorted(p.stem for p in folder.glob("*.yaml")))
+    assert {"coco", "mpii", "ap10k"} <= set(BUILTIN_NAMES)
 
 
 def test_missing_files(tmp_path):
@@ -227,3 +237,74 @@ def test_annotation_categories_must_agree(tmp_path):
     _raises([str(path), "category 2 lists other keypoints", "'categories[1].keypoints'"], lambda: dataset_info(path))
     path.write_text(json.dumps({"categories": [{"id": 1, "keypoints": ["a", "b"], "skeleton": [[0, 1]]}]}))
     _raises(["1-based keypoint numbers in 1..2", "'categories[0].skeleton[0]'"], lambda: dataset_info(path))
+
+
+# ------------------------------------------------------------------------------ metric and detector classes
+
+@pytest.mark.parametrize("name, metric, classes", [
+    ("coco", "coco-oks", ("person",)), ("coco_wholebody", "coco-oks", ("person",)), ("aic", "coco-oks", ("person",)),
+    ("mpii", "pckh", ("person",)),
+    ("ap10k", "coco-oks", ("bird", "cat", "dog", "horse", "sheep", "cow", "elephant", "bear", "zebra", "giraffe")),
+    ("apt36k", "coco-oks", ("bird", "cat", "dog", "horse", "sheep", "cow", "elephant", "bear", "zebra", "giraffe"))])
+def test_builtins_name_their_metric_and_detector_classes(name, metric, classes):
+    """MMPose's val_evaluator per dataset (CocoMetric / CocoWholeBodyMetric / MpiiPCKAccuracy) and the
+    COCO classes its instances are found as."""
+    info = dataset_info(name)
+    assert (info.metric, info.detector_classes) == (metric, classes)
+
+
+def test_skeleton_yaml_metric_and_detector_classes(tmp_path):
+    path = tmp_path / "hand.yaml"
+    path.write_text("keypoints: [wrist, thumb_l, thumb_r]\nmetric: pck\npck_threshold: 0.1\n"
+                    "detector_classes: full-frame\n")
+    info = dataset_info(path)
+    assert (info.metric, info.pck_normalizer, info.pck_threshold, info.detector_classes) == ("pck", "bbox", 0.1, ())
+    again = tmp_path / "again.yaml"
+    again.write_text(info.to_yaml())
+    assert dataclasses.replace(dataset_info(again), source=info.source) == info
+    assert "detector_classes: full-frame" in info.to_yaml()
+    path.write_text("keypoints: [wrist, thumb_l, thumb_r]\ndetector_classes: [dog, cat]\n")
+    info = dataset_info(path)
+    assert (info.metric, info.pck_threshold, info.detector_classes) == ("coco-oks", 0.2, ("dog", "cat"))
+
+
+@pytest.mark.parametrize("body, parts", [
+    ("metric: pkc", ["metric 'pkc' is not one of", "did you mean 'pck'", "field 'metric'"]),
+    ("metric: pckh", ["metric 'pckh' with annotation_format 'coco'", "annotation_format: mpii"]),
+    ("annotation_format: mpii\nmetric: coco-oks", ["metric 'coco-oks' with annotation_format 'mpii'"]),
+    ("annotation_format: coco_wholebody\nmetric: pck", ["metric 'pck' reads COCO-format annotations"]),
+    ("metric: pck\npck_threshold: 1.5", ["pck_threshold must be in (0, 1]", "got 1.5"]),
+    ("metric: pck\npck_threshold: .nan", ["pck_threshold must be in (0, 1]"]),
+    ("metric: pck\npck_normalizer: torso", ["pck_normalizer 'torso' is not one of ['bbox']"]),
+    ("detector_classes: [persn]", ["detector class 'persn' is not a COCO detection class", "did you mean person"]),
+    ("detector_classes: person", ["detector_classes", "list of COCO class names", "or full-frame"]),
+    ("detector_classes: []", ["detector_classes", "list of COCO class names"]),
+])
+def test_bad_metric_and_detector_fields_name_the_field(tmp_path, body, parts):
+    path = tmp_path / "bad.yaml"
+    path.write_text("keypoints: [a, b]\n" + body + "\n")
+    _raises([str(path), *parts], lambda: dataset_info(path))
+
+
+def test_without_detector_classes_the_keypoints_decide(tmp_path):
+    """A skeleton (file, or one recorded in a weights file before skeletons named classes) that does
+    not say: the classes of the built-in with the same keypoint names, else the whole image."""
+    coco, ap10k = dataset_info("coco"), dataset_info("ap10k")
+    recorded = {k: getattr(coco, k) for k in ("name", "keypoint_names", "flip_indices", "sigmas")}
+    assert DatasetInfo(**recorded).detector_classes == ("person",)
+    assert DatasetInfo(name="x", keypoint_names=ap10k.keypoint_names,
+                       flip_indices=ap10k.flip_indices).detector_classes == ap10k.detector_classes
+    assert DatasetInfo(name="x", keypoint_names=("a", "b"), flip_indices=(0, 1)).detector_classes == ()
+    mpii = dataset_info("mpii")
+    legacy_mpii = DatasetInfo(name="m", keypoint_names=mpii.keypoint_names, flip_indices=mpii.flip_indices,
+                              annotation_format="mpii")
+    assert legacy_mpii.metric == "pckh"  # what MPII's format was scored with before skeletons said
+
+
+def test_coco_file_category_named_as_a_detection_class(tmp_path):
+    path = tmp_path / "ann.json"
+    for category, classes in (("person", ("person",)), ("dog", ("dog",)), ("hand", ())):
+        path.write_text(json.dumps({"categories": [{"id": 1, "name": category, "keypoints": ["tip", "base"],
+                                                    "skeleton": [[1, 2]]}]}))
+        info = dataset_info(path)
+        assert (info.detector_classes, info.metric) == (classes, "coco-oks"), category

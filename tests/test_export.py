@@ -24,6 +24,7 @@ from weights_recipe import derive, load_spec, make_weights
 
 import vitpose.inference.export as E
 from vitpose.coco_meta import FLIP_INDICES
+from vitpose.codecs.udp import UDPHeatmap
 from vitpose.data.loaders import normalize_images
 from vitpose.inference.onnx import OnnxPredictor
 from vitpose.inference.predictor import Predictor
@@ -117,9 +118,13 @@ def test_fixed_batch_onnx_has_the_flip_test_inside(simple_fixed_flip, crops):
     import onnx
 
     meta = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
-    assert meta["vitpose.flip_test"] == "1" and meta["vitpose.batch"] == "3"
-    assert json.loads(meta["vitpose.flip_indices"]) == list(FLIP_INDICES)
-    assert json.loads(meta["vitpose.input_size"]) == [192, 256] and json.loads(meta["vitpose.heatmap_size"]) == [48, 64]
+    # Only the spec describes the model; `vitpose.export` says how the graph was made.
+    assert set(meta) == {"vitpose.model_spec", "vitpose.export"}
+    facts = json.loads(meta["vitpose.export"])
+    assert facts["flip_test"] is True and facts["batch"] == 3 and facts["precision"] == "float32"
+    spec = json.loads(meta["vitpose.model_spec"])
+    assert spec["skeleton"]["flip_indices"] == list(FLIP_INDICES)
+    assert spec["input_size"] == [192, 256] and spec["heatmap_size"] == [48, 64] and spec["codec"] == "UDPHeatmap"
 
 
 def test_exported_program_passes_the_gate_and_loads(tmp_path, crops):
@@ -278,7 +283,7 @@ def det_image(coco_mini_dir):
 
 
 def _decode_sensitivity(heatmaps, amplitude):
-    codec = E.UDPHeatmap()
+    codec = UDPHeatmap()
     return E._decode_sensitivity(codec, heatmaps, amplitude)
 
 

@@ -62,6 +62,29 @@ def test_flip_views_are_the_halves_of_the_flip_test(tiny_model):
     assert not np.array_equal(views.plain, views.mirrored)  # a random model does not see a mirror the same way
 
 
+def test_flip_views_use_the_spec_and_the_flip_tests_arithmetic():
+    """`forward_flip_views` normalises with the model's spec and flips with its codec's shift, as
+    `forward_heatmaps` does: its average is the flip test's to the last bit, and it is the mean of
+    the two views it returns (so the flipped-back view carries the MSRA shift too)."""
+    from vitpose.topdown import forward_flip_views, forward_heatmaps
+
+    torch.manual_seed(1)
+    model = vitpose.build_model("vitpose-s", embed_dim=64, depth=1, num_heads=2, deconv_channels=(32, 32),
+                                img_size=(128, 96)).eval()
+    model.spec = spec_of_model(model, codec="MSRAHeatmap", pixel_mean=(10.0, 200.0, 90.0),
+                               pixel_std=(20.0, 80.0, 160.0))
+    assert model.spec.flip_shift
+    crops = torch.from_numpy(np.random.default_rng(1).integers(0, 255, (3, 3, 128, 96), np.uint8))
+    with torch.no_grad():
+        averaged, plain, flipped_back = forward_flip_views(model, crops, flip_indices=COCO.flip_indices)
+        expected = forward_heatmaps(model, crops, flip_indices=COCO.flip_indices)
+        unflipped = forward_heatmaps(model, crops, flip_test=False)
+    torch.testing.assert_close(averaged, expected, rtol=0, atol=0)
+    torch.testing.assert_close((plain + flipped_back) * 0.5, averaged, rtol=0, atol=0)
+    # the plain view is the model on the spec-normalised crops (a batch of 2N, not N: a tolerance)
+    torch.testing.assert_close(plain, unflipped, rtol=1e-4, atol=1e-5)
+
+
 # ---------------------------------------------------------------------------------------------
 # audit's checks on labels whose error is known
 

@@ -135,6 +135,62 @@ def test_one_pool_through_train_val_train_same_batches_as_single_process():
     assert [b[0] for b in got[1]] == batched(list(range(14)), 3)  # validation in dataset order
 
 
+class SignalDispositions(ToyPoses):
+    """ToyPoses whose samples also carry how the process that built them treats SIGINT/SIGTERM."""
+
+    def __getitem__(self, key):
+        import signal
+        sample = super().__getitem__(key)
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        for name in ("SIGINT", "SIGTERM"):
+            signum = getattr(signal, name)
+            sample[name] = int(signal.getsignal(signum) is signal.SIG_IGN and signum not in blocked)
+        return sample
+
+
+def test_workers_ignore_sigint_and_sigterm_and_survive_them():
+    # A process-group signal (Ctrl-C, `timeout`, `kill -- -PGID`, a scheduler's stop) reaches the
+    # workers too: only the main process may act on it, so a worker ignores both and lives on.
+    import os
+    import signal
+    train_set = SignalDispositions(24, seed=1)
+    with build_loaders(train_set, None, cfg(num_workers=1, batch_size=2), available_ram=2**40) as ld:
+        batches = iter(ld.train(0))
+        first = next(batches)
+        (worker,) = ld.worker_pids()
+        assert worker != os.getpid()
+        os.kill(worker, signal.SIGTERM)
+        os.kill(worker, signal.SIGINT)
+        rest = list(batches)  # a worker killed by either raises "DataLoader worker ... killed by signal"
+        assert ld.worker_pids() == [worker]
+    assert len(rest) == 11
+    for batch in [first, *rest]:
+        assert batch["SIGINT"].tolist() == [1, 1] and batch["SIGTERM"].tolist() == [1, 1]
+    # The main process keeps its own handlers and an unblocked mask.
+    assert signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN
+    assert signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
+def test_the_pool_is_forked_with_the_stop_signals_blocked():
+    # A signal between the fork and the worker's init cannot kill it: it stays pending until the
+    # worker ignores it. The main process gets its own when the block is lifted.
+    import signal
+    with L.worker_signals_deferred():
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        assert {signal.SIGINT, signal.SIGTERM} <= blocked
+    assert not {signal.SIGINT, signal.SIGTERM} & signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    import os
+    received = []
+    old = signal.signal(signal.SIGTERM, lambda *a: received.append(1))
+    try:
+        with L.worker_signals_deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert received == []  # pending while the pool forks
+        assert received == [1]
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 def test_two_loader_setup_doubles_the_processes():
     # The count above can fail: the usual persistent training loader + a validation loader
     # runs 2 + 2 workers during validation.

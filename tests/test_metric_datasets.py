@@ -338,8 +338,8 @@ def test_dataset_configs_load_with_their_skeleton_and_metric(name):
 class Skeleton:
     """What build_evaluator reads of a vitpose.data.dataset_info result."""
 
-    def __init__(self, name, sigmas, annotation_format=None):
-        self.name, self.sigmas, self.annotation_format = name, tuple(sigmas), annotation_format
+    def __init__(self, name, sigmas, annotation_format="coco", metric="coco-oks"):
+        self.name, self.sigmas, self.annotation_format, self.metric = name, tuple(sigmas), annotation_format, metric
 
 
 def _config(overrides):
@@ -366,10 +366,10 @@ def test_build_evaluator_picks_mmposes_metric_per_dataset():
 
     cfg = _config([f"data.root={REPO}", f"data.val_ann={MPII['ann_file']}", "data.dataset_info=mpii"])
     with pytest.raises(ConfigError, match="eval.headbox_file is not set"):
-        build_evaluator(cfg, Skeleton("mpii", [0.05] * 16))
+        build_evaluator(cfg, Skeleton("mpii", [0.05] * 16, "mpii", "pckh"))
     cfg = _config([f"data.root={REPO}", f"data.val_ann={MPII['ann_file']}", "data.dataset_info=mpii",
                    f"eval.headbox_file={MPII['cases'][0]['headbox_file']}"])
-    ev = build_evaluator(cfg, Skeleton("mpii", [0.05] * 16))
+    ev = build_evaluator(cfg, Skeleton("mpii", [0.05] * 16, "mpii", "pckh"))
     assert type(ev) is PCKhEvaluator and ev.primary_stat == "PCKh"
     assert ev.evaluate(MPII["cases"][0]["predictions"]) == MPII["cases"][0]["mmpose"]
 

@@ -284,3 +284,31 @@ def test_gradient_accumulation_matches_the_large_batch(data_root, tmp_path):
     assert len(steps[0]) == len(steps[1]) == 2
     for (loss_a, norm_a), (loss_b, norm_b) in zip(*steps):
         assert loss_b == pytest.approx(loss_a, rel=1e-4) and norm_b == pytest.approx(norm_a, rel=1e-4)
+
+
+def test_freeze_settings_that_cannot_help_are_warned(data_root, tmp_path, capsys):
+    # A backbone frozen for the whole run never trains; a frozen random backbone keeps random
+    # features. Both pass silently otherwise (N25).
+    from vitpose.config import load_config
+    from vitpose.engine.session import freeze_warnings
+
+    def warnings(*overrides):
+        return freeze_warnings(load_config(REPO / "configs" / "demo.yaml", list(overrides)))
+
+    assert warnings() == []
+    assert warnings("train.freeze_backbone_epochs=1", "model.init=vitpose-s", "schedule.epochs=2") == []
+    (never,) = warnings("train.freeze_backbone_epochs=5", "model.init=vitpose-s", "schedule.epochs=2")
+    assert "train.freeze_backbone_epochs=5" in never and "schedule.epochs=2" in never and "never trains" in never
+    (never,) = warnings("train.freeze_backbone_epochs=3", "model.pretrained=mae.pth", "schedule.epochs=3")
+    assert "never trains" in never
+    (random_backbone,) = warnings("train.freeze_backbone_epochs=1", "schedule.epochs=2")
+    assert "randomly initialised backbone" in random_backbone and "--init" in random_backbone
+    assert len(warnings("train.freeze_backbone_epochs=2", "schedule.epochs=2")) == 2
+
+    args = ["--demo", "--data-root", str(data_root), "--work-dir", str(tmp_path / "w"), "--epochs", "1",
+            "--workers", "0", "--set", "train.freeze_backbone_epochs=1", "--set", "train.stop_at_iteration=1"]
+    for s in TINY:
+        args += ["--set", s]
+    assert train.main(args) == 0
+    err = capsys.readouterr().err
+    assert err.count("warning: train.freeze_backbone_epochs=1") == 2, err  # both, once each

@@ -100,3 +100,38 @@ def test_checkpoint_loads_weights_only_without_wrapper_prefixes(uninterrupted):
     assert not any(k.startswith(("module.", "_orig_mod.")) for k in uninterrupted["model"])
     assert {"torch", "numpy", "python"} <= set(uninterrupted["rng"])
     assert uninterrupted["config"]["model"]["extra"]["depth"] == 2
+
+
+def test_a_fine_tuning_run_resumes_without_reading_its_init_source_again(data_root, tmp_path, capsys, monkeypatch):
+    # The checkpoint holds every weight, so `--resume` must not need the `--init` source (a file
+    # since deleted, a name not in an offline cache) nor rewrite init_keypoints.txt, the run's
+    # record of what it started from, with whatever --init the resumed command names.
+    from vitpose.engine import finetune
+
+    source = tmp_path / "source.pth"
+    assert train.main(tiny_args(data_root, tmp_path / "src", "--set", "train.stop_at_iteration=1")) == 0
+    shutil.copy(tmp_path / "src" / "last.pth", source)
+    work = tmp_path / "ft"
+    assert train.main(tiny_args(data_root, work, "--init", str(source), "--set", "train.stop_at_iteration=1")) == 0
+    table = (work / finetune.TABLE_FILE).read_text()
+    assert str(source) in table
+    capsys.readouterr()
+
+    source.unlink()  # N15: the init source is gone
+    assert train.main(tiny_args(data_root, work, "--init", str(source), "--resume", "auto",
+                                "--set", "train.stop_at_iteration=2")) == 0
+    out = capsys.readouterr().out
+    assert f"resuming: model.init = {str(source)!r} is not read again" in out
+    assert "resumed from" in out and load_checkpoint(work / "last.pth")["iteration"] == 2
+
+    # N14: another, existing source named on resume is not read, and the record stays the first run's.
+    def must_not_read(*args, **kwargs):
+        raise AssertionError("the init source was read on resume")
+
+    monkeypatch.setattr(finetune, "read_init_source", must_not_read)
+    other = tmp_path / "other.pth"
+    shutil.copy(tmp_path / "src" / "last.pth", other)
+    assert train.main(tiny_args(data_root, work, "--init", str(other), "--resume", "auto",
+                                "--set", "train.stop_at_iteration=3")) == 0
+    assert (work / finetune.TABLE_FILE).read_text() == table
+    assert load_checkpoint(work / "last.pth")["iteration"] == 3

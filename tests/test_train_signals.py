@@ -126,3 +126,44 @@ def test_a_terminal_that_goes_away_mid_run_does_not_stop_it(tmp_path, terminal):
     assert load_checkpoint(tmp_path / "last.pth")["iteration"] == reports  # log_every=1
     if terminal == "pty":
         assert b"it/s" in seen and b"Epoch " not in seen  # the bar was on; the report lines went to the log
+
+
+def _group_is_gone(pgid, timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_sigterm_to_the_process_group_with_loader_workers_saves_at_the_signal(tmp_path):
+    # What `timeout`, `kill -- -PGID`, systemd's stop and Slurm send: the signal reaches the
+    # loader workers too. Only the main process may act on it (finish the step, save, shut the
+    # workers down); a worker that dies of it breaks the step in flight (a traceback, status 1
+    # and last.pth left at the previous epoch end).
+    command = tiny_command(tmp_path)
+    command[command.index("--workers") + 1] = "1"
+    log = open(tmp_path / "console.txt", "w")
+    proc = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for_training_steps(tmp_path, proc, steps=4)
+        os.killpg(proc.pid, signal.SIGTERM)
+        code = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+    out = (tmp_path / "console.txt").read_text()
+    assert code == 0, out[-3000:]
+    assert "Traceback" not in out and "killed by signal" not in out, out[-3000:]
+    assert out.count("SIGTERM received") == 1 and "stopped by SIGTERM" in out, out[-3000:]
+    # The saved iteration is the one the run stopped at (log_every=1: one record per step), not
+    # the previous epoch end's.
+    state = load_checkpoint(tmp_path / "last.pth")
+    assert state["iteration"] == len(train_records(tmp_path)) >= 4
+    # The workers were shut down by the main process (they ignore the signal, so none may linger).
+    assert _group_is_gone(proc.pid), "a loader worker outlived the run"

@@ -71,6 +71,7 @@ def test_the_wheel_holds_every_module_and_config(wheel):
     configs = {f"vitpose/configs/{p.name}" for p in (REPO / "configs").glob("*.yaml")}
     assert configs and configs <= names
     assert {f"vitpose/data/skeletons/{p.name}" for p in (REPO / "vitpose/data/skeletons").glob("*.yaml")} <= names
+    assert "vitpose/serve/page/index.html" in names  # the page `vitpose serve` shows at /
 
 
 # A tiny model on a tiny synthetic set: the point is the installed package, not the learning.

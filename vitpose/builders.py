@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from vitpose.codecs.udp import UDPHeatmap
+from vitpose.codecs.choice import CONFIG_NAMES
 from vitpose.config import Config, ConfigError, DataConfig, ModelConfig, load_config, shipped_config_dir
 from vitpose.data.coco import CocoKeypoints
 from vitpose.data.errors import DataError
@@ -40,14 +40,24 @@ def build_model_from_config(model_cfg: ModelConfig, skeleton: DatasetInfo | None
     model = build_model(model_cfg.name, model_cfg.decoder, model_cfg.num_keypoints, **kwargs)
     if model_cfg.grad_checkpointing:
         model.set_grad_checkpointing(True)
-    model.spec = spec_of_model(model, codec="UDPHeatmap", sigma=model_cfg.sigma, input_size=model_cfg.input_size,
+    model.spec = spec_of_model(model, codec=CONFIG_NAMES[model_cfg.codec], sigma=model_cfg.sigma,
+                               input_size=model_cfg.input_size,
                                heatmap_size=model_cfg.heatmap_size,
                                skeleton=None if skeleton is None else skeleton_data(skeleton))
     return model
 
 
-def build_codec(model_cfg: ModelConfig) -> UDPHeatmap:
-    return UDPHeatmap(model_cfg.input_size, model_cfg.heatmap_size, model_cfg.sigma)
+def build_codec(model_cfg: ModelConfig):
+    """The codec of `model.*` (`model.codec`, sizes, sigma): `vitpose.codecs.build_codec`, as every file's spec."""
+    from vitpose.codecs.choice import build_codec as codec_of
+
+    return codec_of(model_cfg.codec, model_cfg.input_size, model_cfg.heatmap_size, model_cfg.sigma)
+
+
+def targets_on_device(cfg: Config) -> bool:
+    """Whether the trainer draws the targets on the device: `loader.targets_on_device` with the UDP
+    codec (the torch encode is UDP's); MSRA targets are drawn by the loader workers."""
+    return cfg.loader.targets_on_device and cfg.model.codec == "udp"
 
 
 def photometric_transforms(data_cfg: DataConfig):
@@ -106,7 +116,7 @@ def build_train_set(cfg: Config, root: str | Path | None = None, info: DatasetIn
     return CocoKeypoints(
         root / cfg.data.train_ann, root / cfg.data.train_images, train=True,
         input_size=cfg.model.input_size, heatmap_size=cfg.model.heatmap_size, sigma=cfg.model.sigma,
-        seed=cfg.train.seed, encode_targets=not cfg.loader.targets_on_device,
+        codec=cfg.model.codec, seed=cfg.train.seed, encode_targets=not targets_on_device(cfg),
         max_bad_images=cfg.data.max_bad_images, reduced_decode=cfg.data.reduced_decode,
         photometric=photometric_transforms(cfg.data),
         crop_cache=root / cfg.data.crop_cache if cfg.data.crop_cache else None,
@@ -134,31 +144,26 @@ def build_val_set(cfg: Config, root: str | Path | None = None, bbox_file: str | 
     return CocoKeypoints(
         root / cfg.data.val_ann, root / cfg.data.val_images, train=False, bbox_file=bbox_file,
         input_size=cfg.model.input_size, heatmap_size=cfg.model.heatmap_size, sigma=cfg.model.sigma,
-        bbox_score_thr=cfg.data.bbox_score_thr, dataset_info=info,
+        codec=cfg.model.codec, bbox_score_thr=cfg.data.bbox_score_thr, dataset_info=info,
     )
 
 
-def _evaluation_kind(info) -> str:
-    """'coco', 'coco_wholebody' or 'mpii': how a skeleton's data is scored (by its annotation
-    format when it has one, else by its name)."""
-    kind = getattr(info, "annotation_format", None) or getattr(info, "name", "coco")
-    return kind if kind in ("coco_wholebody", "mpii") else "coco"
-
-
 def build_evaluator(cfg: Config, info=None, root: str | Path | None = None):
-    """The evaluator of the validation set, as MMPose scores its dataset (docs/evaluation.md §8).
+    """The evaluator of the validation set: the skeleton's `metric`, as MMPose scores such data
+    (docs/evaluation.md §8).
 
     Args:
-        cfg: the config (`data.val_ann`, `eval.*`).
-        info: the skeleton of `data.dataset_info` (its `name`, `sigmas` and, when it has one,
-            `annotation_format`). None: COCO's 17 keypoints, allowed only for `data.dataset_info: coco`.
+        cfg: the config (`data.val_ann`, `data.val_bbox_file`, `eval.*`).
+        info: the skeleton of `data.dataset_info` (its `metric`, `sigmas`, `annotation_format`,
+            PCK settings). None: COCO's 17 keypoints, allowed only for `data.dataset_info: coco`.
         root: the data root (default `data.root`).
 
-    COCO-WholeBody data gets a WholeBodyEvaluator, MPII data a PCKhEvaluator (`eval.headbox_file`),
-    everything else (COCO, AIC, AP-10K, APT-36K, a user's own skeleton) a CocoEvaluator with the
-    skeleton's OKS sigmas and `eval.use_area`.
+    metric "pckh": a PCKhEvaluator (MPII, `eval.headbox_file`); "pck": a PCKEvaluator (MMPose's
+    PCKAccuracy by box size, AUC, EPE; ground-truth boxes only); "coco-oks": a WholeBodyEvaluator
+    for COCO-WholeBody's format, else a CocoEvaluator with the skeleton's OKS sigmas and `eval.use_area`.
     """
     from vitpose.evaluation.coco_evaluator import CocoEvaluator
+    from vitpose.evaluation.pck import PCKEvaluator
     from vitpose.evaluation.pckh import PCKhEvaluator
     from vitpose.evaluation.wholebody import WholeBodyEvaluator
 
@@ -167,18 +172,24 @@ def build_evaluator(cfg: Config, info=None, root: str | Path | None = None):
     if info is None and cfg.data.dataset_info != "coco":
         raise ConfigError(f"build_evaluator: data.dataset_info is {cfg.data.dataset_info!r}; pass its skeleton "
                           f"(info=) so that the evaluator gets its keypoints and sigmas")
-    sigmas = getattr(info, "sigmas", None) or None
-    kind = "coco" if info is None else _evaluation_kind(info)
-    if kind == "mpii":
+    info = dataset_info("coco") if info is None else info
+    if info.metric == "pckh":
         if not cfg.eval.headbox_file:
             raise ConfigError("eval.headbox_file is not set: MPII's PCKh needs the head boxes of the validation "
                               "annotations (MPII's mpii_gt_val.mat, under data.root)")
         headbox = Path(cfg.eval.headbox_file)
         return PCKhEvaluator(ann_file, headbox if headbox.is_absolute() else root / headbox)
+    if info.metric == "pck":
+        if cfg.data.val_bbox_file:
+            raise ConfigError(f"data.val_bbox_file is set, but the skeleton {info.name!r} is scored with PCK "
+                              "(its metric), which compares each annotated instance with its prediction on the "
+                              "ground-truth box: set data.val_bbox_file: null")
+        return PCKEvaluator(ann_file, info.num_keypoints, threshold=info.pck_threshold,
+                            normalizer=info.pck_normalizer)
     protocol = dict(score_mode=cfg.eval.score_mode, keypoint_score_thr=cfg.eval.keypoint_score_thr,
-                    nms_mode=cfg.eval.nms_mode, nms_thr=cfg.eval.nms_thr, sigmas=sigmas,
+                    nms_mode=cfg.eval.nms_mode, nms_thr=cfg.eval.nms_thr, sigmas=info.sigmas,
                     use_area=cfg.eval.use_area)
-    if kind == "coco_wholebody":
+    if info.annotation_format == "coco_wholebody":
         return WholeBodyEvaluator(ann_file, **protocol)
     return CocoEvaluator(ann_file, **protocol)
 

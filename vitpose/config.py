@@ -69,6 +69,9 @@ class ModelConfig:
     num_keypoints: int = 17
     input_size: tuple[int, int] = (192, 256)  # (w, h)
     heatmap_size: tuple[int, int] = (48, 64)  # (w, h)
+    # The heatmap codec: udp (ViTPose's, MMPose's ViTPose configs) | msra (plain MSRA Gaussians,
+    # the flip test shifted one cell); recorded in every file's ModelSpec (docs/model.md "Codec").
+    codec: str = "udp"
     sigma: float = 2.0
     drop_path_rate: float | None = None  # None: the size's published value (S 0.1 ... H 0.55)
     grad_checkpointing: bool = False
@@ -380,6 +383,7 @@ _RANGES = [
     ("data.bbox_score_thr", lambda v: 0 <= v <= 1, "in [0, 1]"),
     ("data.max_bad_images", lambda v: v >= 0, ">= 0"),
     ("data.check_val_images", lambda v: v in ("sample", "all", "off"), "one of sample, all, off"),
+    ("model.codec", lambda v: v in ("udp", "msra"), "one of udp, msra"),
     ("model.sigma", lambda v: v > 0, "> 0"),
     ("model.num_keypoints", lambda v: v >= 1, "at least 1"),
     ("model.input_size", lambda v: min(v) >= 1, "two positive sizes (w, h)"),

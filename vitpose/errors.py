@@ -1,13 +1,35 @@
-"""The one base class of errors that are the user's to fix.
+"""The one base class of errors that are the user's to fix, and the exit statuses of every command.
 
 A `UserError` carries one line that names the file, record, field or flag at fault and the fix.
-Every command (`vitpose ...`, `train.py`, `evaluate.py`) prints that line and exits with status 2;
-`--debug` shows the traceback instead. Errors of this project's own code stay ordinary exceptions,
-so they are never dressed up as the user's mistake.
+Every command (`vitpose ...`, `train.py`, `evaluate.py`) prints that line and exits with the error's
+`exit_status` (2 unless a subclass says otherwise); `--debug` shows the traceback instead. Errors of
+this project's own code stay ordinary exceptions, so they are never dressed up as the user's
+mistake: the command prints their traceback and exits with `EXIT_INTERNAL` (see `vitpose.cli`).
 """
+
+# The exit statuses of every command, one table (`vitpose --help` prints it; README.md "Exit
+# statuses" shows it, and tests/test_cli.py checks that they agree).
+EXIT_OK = 0
+EXIT_FAILED = 1  # the command ran but did not fully succeed (some inputs failed, a gate or a check failed)
+EXIT_USAGE = 2  # a UserError (or argparse's refusal of the command line): nothing was done
+EXIT_DIVERGED = 3  # vitpose train: stopped on non-finite losses (train.max_nonfinite)
+EXIT_INTERNAL = 70  # a bug in vitpose: the traceback is printed (sysexits.h's EX_SOFTWARE)
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, what a shell reports)
+
+EXIT_STATUSES = (
+    (EXIT_OK, "done"),
+    (EXIT_FAILED, "ran, but not everything succeeded: predict: some inputs failed; export: the exported file "
+                  "differs from PyTorch (nothing written); check-data: errors found"),
+    (EXIT_USAGE, "an error that is yours to fix (flag, config, file): one line naming it and the fix; "
+                 "nothing was done"),
+    (EXIT_DIVERGED, "train: stopped on non-finite losses (last.pth holds the last finite weights)"),
+    (EXIT_INTERNAL, "internal error: a bug in vitpose (or a system failure the traceback names); the traceback "
+                    "is printed; please report a bug"),
+    (EXIT_INTERRUPTED, "interrupted (Ctrl-C / SIGINT)"),
+)
 
 
 class UserError(Exception):
     """A problem with the user's input, files, flags or environment, explained in one line."""
 
-    exit_status = 2
+    exit_status = EXIT_USAGE

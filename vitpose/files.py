@@ -1,16 +1,27 @@
 """Files: the one atomic writer, output paths checked before the work, images through numpy buffers.
 
 - Atomic writes (`atomic_path`, `atomic_file`, `write_atomic`, `staged_files`): the bytes go to a
-  temporary file `.NAME.XXXXXXXX.tmp` beside the target, are flushed and fsynced, get the mode the
-  umask gives ordinary files (not mkstemp's 0600), are renamed over the target, and the folder is
-  fsynced. A crash, a kill or a full disk leaves the previous file (or none), never a half-written
-  one; on an error the temporary file is deleted and the error passes on unchanged (so callers,
-  e.g. checkpoint saving, can explain it). Every writer of results, checkpoints, configs and
-  exports in this project goes through here.
-- `check_output(path, flag, kind, inputs)`: an output flag is checked before any work starts:
-  file vs folder, the nearest existing folder above it is a folder and writable, an existing file
-  is writable, and the output is not one of the run's inputs. Missing folders are created by the
-  writer. Failures are `OutputPathError`, one line that names the flag and the fix.
+  temporary file `.NAME.XXXXXXXX.tmp` beside the target, created exclusively (mkstemp: O_EXCL, a
+  random name, so a file or symbolic link planted at a guessable name is never opened or written
+  through), then flushed and fsynced (reopened without following links and checked to be the same
+  file), given the mode the umask gives ordinary files (not mkstemp's 0600), renamed over the
+  target, and the folder is fsynced: the data is durable before the name points at it, the rename
+  after. A crash, a kill or a full disk leaves the previous file (or none), never a half-written
+  one; on an error the temporary file is deleted. A full, over-quota or read-only disk is an
+  `OutputWriteError` (a UserError and an OSError with the original errno: one line naming the
+  file, the free space and what was kept); other errors pass on unchanged. Every writer of
+  results, checkpoints, configs and exports in this project goes through here. `create_exclusive`
+  makes such a file for writers that keep it (`vitpose predict`'s `.NAME.XXXXXXXX.partial`).
+- Devices and pipes (`stream_kind`): an output that is a character device, a FIFO or a socket
+  (`--json /dev/stdout`, a FIFO, /dev/null), or this process's own stdout/stderr reached by a name,
+  cannot be replaced by a rename: `write_atomic` writes it directly (`open_stream`); the writers
+  that must rename (videos, exports, checkpoints) refuse it, and a block device is never an output.
+- `check_output(path, flag, kind, inputs, streams)`: an output flag is checked before any work starts:
+  file vs folder, the nearest existing folder above it is a folder in which a file can in fact be
+  created (an exclusive create and delete: `os.access` says yes to root in /proc), an existing file
+  is writable, a device or pipe only where the writer streams, and the output is not one of the
+  run's inputs. Missing folders are created by the writer. Failures are `OutputPathError`, one line
+  that names the flag and the fix.
 - `read_image` / `write_image`: images are read with `np.fromfile` + `cv2.imdecode` and written with
   `cv2.imencode` + an atomic write, never through OpenCV's path functions, so any file name the OS
   allows (bytes that are not UTF-8 included: pass `bytes`, or the `str` that `os.fsdecode` makes
@@ -29,9 +40,12 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import os
 import shutil
+import stat
+import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -41,10 +55,10 @@ import numpy as np
 from vitpose.errors import UserError
 
 __all__ = ["DEFAULT_MAX_PIXELS", "MAX_PIXELS_ENV", "ImageReadError", "ImageTooLargeError", "OutputPathError",
-           "TEMP_SUFFIX", "atomic_file", "atomic_path", "check_output", "check_pixel_limit", "image_header_size",
-           "max_pixels_limit", "opencv_can_open", "opencv_path", "read_bytes", "read_image", "readable_mode",
-           "replace_dir", "staged_files", "write_atomic",
-           "write_image"]
+           "OutputWriteError", "TEMP_SUFFIX", "atomic_file", "atomic_path", "check_output", "check_pixel_limit",
+           "create_exclusive", "create_private", "image_header_size", "max_pixels_limit", "open_stream", "opencv_can_open",
+           "opencv_path", "read_bytes", "read_image", "readable_mode", "rename_into_place", "replace_dir", "staged_files",
+           "stream_kind", "write_atomic", "write_error", "write_image"]
 
 TEMP_SUFFIX = ".tmp"  # temp files are `.NAME.XXXXXXXX.tmp` beside their target
 DEFAULT_MAX_PIXELS = 150_000_000
@@ -128,57 +142,236 @@ def fsync_dir(directory) -> None:
         os.close(fd)
 
 
+class OutputWriteError(UserError, OSError):
+    """An output could not be written (disk full, quota, size limit, read-only filesystem): one line
+    naming the file, what was kept and the fix. Also an OSError with the original errno, so callers
+    that explain OSErrors themselves (checkpoint saving) still can."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+_WRITE_FAILURES = {errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded",
+                   errno.EFBIG: "the file is larger than its filesystem or a size limit allows",
+                   errno.EROFS: "read-only filesystem"}
+
+
+def free_space(folder) -> str:
+    """'0.01 GiB free' on the filesystem of `folder`."""
+    with contextlib.suppress(OSError):
+        return f"{shutil.disk_usage(folder).free / 2**30:.2f} GiB free"
+    return "free space unknown"
+
+
+def write_error(error: BaseException, path, flag: str | None = None, kept: str = "nothing was replaced"):
+    """`error` (raised while writing `path`) as an OutputWriteError when it is one of the failures of
+    a full or read-only disk; None otherwise (a bug or another cause: it passes on unchanged)."""
+    if isinstance(error, OutputWriteError) or not isinstance(error, OSError) or error.errno not in _WRITE_FAILURES:
+        return None
+    cause, fix = _WRITE_FAILURES[error.errno], "Choose another place"
+    if error.errno != errno.EROFS:
+        cause += f" ({free_space(as_path(path).parent)} on its filesystem)"
+        fix = "Free some space or choose another place"
+    return OutputWriteError(error.errno, f"{flag + ': ' if flag else ''}cannot write {as_path(path)}: {cause}; "
+                                         f"{kept}. {fix}")
+
+
+# Outputs that are not files: a device (/dev/null, a terminal), a pipe (`--json /dev/stdout | jq`,
+# a FIFO) or a socket cannot be replaced by a rename (as root that would put a regular file in the
+# place of /dev/stdout for every later process): they are written directly, as a stream. A block
+# device (a disk) is never an output. `stream_kind` tells them apart; this process's own standard
+# output or error reached by a name (/dev/stdout, /proc/self/fd/1, or the file stdout is redirected
+# to) is written through its file descriptor, so that the shell's redirection gets the bytes in
+# order with nothing lost.
+STREAM, STDOUT, STDERR, BLOCK_DEVICE = "stream", "stdout", "stderr", "block device"
+
+
+def stream_kind(path) -> str | None:
+    """STDOUT / STDERR when `path` is this process's standard output / error (after links), STREAM
+    for another device, pipe or socket, BLOCK_DEVICE for a disk; None for a regular file, a folder
+    or a path that does not exist."""
+    try:
+        st = os.stat(as_path(path))
+    except (OSError, ValueError):
+        return None
+    for fd, name in ((1, STDOUT), (2, STDERR)):
+        with contextlib.suppress(OSError):
+            if os.path.samestat(st, os.fstat(fd)):
+                return name
+    if stat.S_ISBLK(st.st_mode):
+        return BLOCK_DEVICE
+    if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
+        return None
+    return STREAM
+
+
+def open_stream(path, kind: str | None = None):
+    """A binary file object writing to the stream `path` (see `stream_kind`): a duplicate of this
+    process's stdout / stderr descriptor (Python's own buffer flushed first), else the device or pipe
+    opened for writing (a FIFO waits for its reader, as a shell's redirection does)."""
+    kind = kind or stream_kind(path)
+    if kind in (STDOUT, STDERR):
+        stream = sys.stdout if kind == STDOUT else sys.stderr
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            stream.flush()
+        return os.fdopen(os.dup(1 if kind == STDOUT else 2), "wb")
+    if kind != STREAM:
+        raise ValueError(f"{as_path(path)} is not a device, pipe or standard stream ({kind})")
+    return open(as_path(path), "wb")  # noqa: SIM115 - the caller closes it
+
+
+def _refuse_stream(path: Path) -> None:
+    kind = stream_kind(path)
+    if kind is not None:
+        raise OutputPathError(f"{path} is a {'block device' if kind == BLOCK_DEVICE else 'device or pipe'}, not a "
+                              f"file; this output must be written to a file name")
+
+
+def create_exclusive(path, suffix: str = TEMP_SUFFIX) -> tuple[int, Path]:
+    """A new, empty file `.NAME.XXXXXXXX<suffix>` beside `path`, created exclusively (O_EXCL, a random
+    name: a file or link planted at a guessable name is never opened) with the umask's mode;
+    returns its open descriptor (read-write) and its path."""
+    path = as_path(path)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    try:
+        os.fchmod(fd, readable_mode())
+    except BaseException:
+        os.close(fd)
+        os.unlink(name)
+        raise
+    return fd, Path(name)
+
+
+def create_private(path, name: str, prefix: str | None = None) -> tuple[Path, Path, os.stat_result]:
+    """For writers that open a file by its name (OpenCV's VideoWriter, onnx): a new folder beside
+    `path` (mkdtemp: a random name, mode 0700, so no other user can put a link in it) and an empty
+    file `name` created in it exclusively. Returns (the folder, the file, the file's stat); the
+    caller renames the file into place (`rename_into_place`) and removes the folder."""
+    path = as_path(path)
+    folder = Path(tempfile.mkdtemp(prefix=prefix or f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent))
+    file = folder / name
+    try:
+        fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        created = os.fstat(fd)
+        os.close(fd)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return folder, file, created
+
+
+def rename_into_place(tmp, path, created: os.stat_result) -> None:
+    """fsync the finished temporary file (opened without following links, and checked to be the
+    file this process created: `created` is its stat from when it was made), rename it over
+    `path`, fsync the folder."""
+    tmp, path = as_path(tmp), as_path(path)
+    fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW)  # ELOOP: a link was put in its place
+    try:
+        now = os.fstat(fd)
+        if (now.st_dev, now.st_ino) != (created.st_dev, created.st_ino):
+            raise RuntimeError(f"{tmp} was replaced by another file while it was written (another user of the "
+                               f"folder?); {path} was not written")
+        os.fsync(fd)  # the data is on the disk before the name points at it
+        os.fchmod(fd, readable_mode())
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)  # and the rename itself survives a power cut
+
+
+def _discard(tmp: Path, error: BaseException, path: Path) -> BaseException | None:
+    with contextlib.suppress(OSError):
+        os.unlink(tmp)
+    return write_error(error, path, kept="the previous file is intact" if path.exists() else "no file was written")
+
+
 @contextlib.contextmanager
 def atomic_path(path):
-    """Yield a temporary path beside `path`; when the block ends without an error, that file is
-    fsynced and renamed over `path`. On any error the temporary file is deleted and `path` is
-    untouched."""
+    """Yield a temporary path for writers that take a file name: `path`'s name in a new private
+    folder beside it (`create_private`: nobody else can swap it for a link before the writer opens
+    it); when the block ends without an error, that file is fsynced and renamed over `path`. On any
+    error it is deleted and `path` is untouched; a full or read-only disk is an OutputWriteError. A
+    device or pipe at `path` is refused (OutputPathError): it cannot be replaced."""
     path = as_path(path)
+    _refuse_stream(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
-    os.close(fd)
+    folder, tmp, created = create_private(path, path.name)
     try:
-        yield Path(tmp)
-        with open(tmp, "rb+") as f:  # the writer may have used a path API that did not fsync
-            os.fsync(f.fileno())
-        os.chmod(tmp, readable_mode())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        yield tmp
+        rename_into_place(tmp, path, created)
+    except BaseException as e:
+        converted = write_error(e, path, kept="the previous file is intact" if path.exists() else "no file was written")
+        if converted is not None:
+            raise converted from e
         raise
-    fsync_dir(path.parent)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextlib.contextmanager
 def atomic_file(path, mode: str = "wb", **open_kwargs):
-    """Yield a file object open on a temporary file beside `path` (see `atomic_path`)."""
-    with atomic_path(path) as tmp, open(tmp, mode, **open_kwargs) as f:
-        yield f
-        f.flush()
+    """Yield a file object open on a new temporary file beside `path` (the descriptor `create_exclusive`
+    made: nothing is reopened by name); on success it is fsynced and renamed over `path` (see
+    `atomic_path`)."""
+    path = as_path(path)
+    _refuse_stream(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = create_exclusive(path)
+    created = os.fstat(fd)
+    try:
+        with os.fdopen(fd, mode, **open_kwargs) as f:
+            yield f
+            f.flush()
+        rename_into_place(tmp, path, created)
+    except BaseException as e:
+        converted = _discard(tmp, e, path)
+        if converted is not None:
+            raise converted from e
+        raise
 
 
 def write_atomic(path, data: bytes | str) -> Path:
-    """Write `data` (bytes, or text as UTF-8) to `path` atomically; returns the path."""
+    """Write `data` (bytes, or text as UTF-8) to `path` atomically; returns the path. A device or
+    pipe at `path` (`stream_kind`: /dev/stdout, a FIFO, /dev/null) is written directly: it cannot
+    be replaced; a block device is refused (OutputPathError)."""
+    data = data.encode() if isinstance(data, str) else data
+    kind = stream_kind(path)
+    if kind == BLOCK_DEVICE:
+        _refuse_stream(as_path(path))
+    if kind is not None:
+        try:
+            with open_stream(path, kind) as f:
+                f.write(data)
+        except OSError as e:
+            converted = write_error(e, path, kept="what was written is incomplete")
+            if converted is not None:
+                raise converted from e
+            raise
+        return as_path(path)
     with atomic_file(path, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
+        f.write(data)
     return as_path(path)
 
 
 @contextlib.contextmanager
 def staged_files(path):
     """For writers that put several files beside `path` (an ONNX file and its `.data`): yield a
-    path in a hidden folder beside `path`; on success every file written there is renamed into
-    place; on any error all of it is deleted and nothing beside `path` changes."""
+    path in a hidden folder beside `path` (mkdtemp: new, private); on success every file written
+    there is fsynced and renamed into place; on any error all of it is deleted and nothing beside
+    `path` changes (a full or read-only disk: OutputWriteError)."""
     path = as_path(path)
+    _refuse_stream(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent))
     try:
         yield stage / path.name
         for staged in sorted(stage.iterdir()):
-            os.chmod(staged, readable_mode())
-            os.replace(staged, path.parent / staged.name)
-        fsync_dir(path.parent)
+            rename_into_place(staged, path.parent / staged.name, os.lstat(staged))
+    except BaseException as e:
+        converted = write_error(e, path, kept="nothing was replaced")
+        if converted is not None:
+            raise converted from e
+        raise
     finally:
         shutil.rmtree(stage, ignore_errors=True)
 
@@ -216,7 +409,20 @@ def _nearest_existing(path: Path) -> Path:
     return above
 
 
-def check_output(path, flag: str, kind: str = "file", inputs=()) -> Path:
+def _cannot_create_in(folder: Path) -> str | None:
+    """Why no file can be created in `folder` (None: one can). A real, exclusive create and delete:
+    os.access says yes to root in /proc or on some network filesystems where creating fails."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".vitpose-probe.", suffix=TEMP_SUFFIX, dir=folder)
+    except OSError as e:
+        return e.strerror or str(e)
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
+    return None
+
+
+def check_output(path, flag: str, kind: str = "file", inputs=(), streams: bool = False, stdout: bool = True) -> Path:
     """Refuse, before any work, an output that cannot be written or would replace an input.
 
     Args:
@@ -225,8 +431,15 @@ def check_output(path, flag: str, kind: str = "file", inputs=()) -> Path:
         kind: "file" or "dir".
         inputs: the run's input files and folders (None entries are ignored); the output must not
             be one of them (same file after links are resolved).
+        streams: whether this output may be a device or pipe (`stream_kind`: /dev/stdout, a FIFO,
+            /dev/null), which the writer then writes directly; else such a path is refused (a video,
+            an export: they are replaced by a rename, which would put a regular file in place of the
+            device). A block device is always refused.
+        stdout: with streams, whether this process's own standard output may be the output (no for
+            a command whose report goes there).
     Returns the path (expanded). Raises OutputPathError, one line naming the flag and the fix.
-    Folders that do not exist yet are fine: the writer creates them.
+    Folders that do not exist yet are fine: the writer creates them (that a file can be created in
+    the nearest existing folder is tried, not assumed).
     """
     if kind not in ("file", "dir"):
         raise ValueError(f"kind must be 'file' or 'dir', got {kind!r}")
@@ -239,6 +452,20 @@ def check_output(path, flag: str, kind: str = "file", inputs=()) -> Path:
         raise OutputPathError(f"{what} is a folder; {flag} takes a file name")
     if kind == "dir" and path.exists() and not path.is_dir():
         raise OutputPathError(f"{what} is a file; {flag} takes a folder (created if missing)")
+    special = stream_kind(path) if kind == "file" else None
+    if special == BLOCK_DEVICE:
+        raise OutputPathError(f"{what} is a block device (a disk); {flag} takes a file name")
+    if special is not None and not streams:
+        raise OutputPathError(f"{what} is a device or pipe, not a regular file; {flag} is written to a file and "
+                              f"renamed into place: give a file name")
+    if special in (STDOUT, STDERR) and not stdout:
+        which = "output" if special == STDOUT else "error"
+        raise OutputPathError(f"{what} is this command's standard {which}, which carries its report; "
+                              f"give a file name")
+    if special is not None:
+        if special == STREAM and not os.access(path, os.W_OK):
+            raise OutputPathError(f"{what} is not writable; choose another place")
+        return path
     above = _nearest_existing(path)
     if not above.is_dir():
         raise OutputPathError(f"{what}: {above} is a file, not a folder; choose a place under a folder")
@@ -246,6 +473,10 @@ def check_output(path, flag: str, kind: str = "file", inputs=()) -> Path:
         raise OutputPathError(f"{what}: the folder {above} is not writable; choose another place")
     if path.exists() and not os.access(path, os.W_OK | (os.X_OK if kind == "dir" else 0)):
         raise OutputPathError(f"{what} exists and is not writable; choose another place")
+    why = _cannot_create_in(path if kind == "dir" and path.is_dir() else above)
+    if why is not None:
+        raise OutputPathError(f"{what}: cannot create files in {path if kind == 'dir' and path.is_dir() else above} "
+                              f"({why}); choose another place")
     return path
 
 

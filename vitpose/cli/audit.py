@@ -27,7 +27,7 @@ import signal
 import sys
 from pathlib import Path
 
-EXIT_OK, EXIT_USAGE, EXIT_INTERRUPTED = 0, 2, 130
+from vitpose.errors import EXIT_INTERRUPTED, EXIT_OK, UserError
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -55,20 +55,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-class UsageError(Exception):
-    pass
-
-
-def run(args) -> int:
-    from vitpose.errors import UserError
-
-    try:
-        return _run(args)
-    except (UserError, UsageError) as e:
-        if getattr(args, "debug", False):
-            raise
-        print(f"vitpose audit: error: {e}", file=sys.stderr)
-        return getattr(e, "exit_status", EXIT_USAGE)
+class UsageError(UserError):
+    """A problem with the command line or the user's files, reported in one line by `vitpose.cli`'s
+    handler (exit status 2)."""
 
 
 def check_flags(args) -> Path:
@@ -100,7 +89,7 @@ def check_flags(args) -> Path:
     return progress
 
 
-def _run(args) -> int:
+def run(args) -> int:
     from vitpose.device import resolve_device
     from vitpose.engine.runtime import StopFlag
     from vitpose.inference.predictor import Predictor

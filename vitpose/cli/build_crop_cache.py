@@ -25,7 +25,7 @@ from vitpose.errors import UserError
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("build-crop-cache", help="build the crop cache of a config's training set",
                               shared=("--config", "--set", "--debug"), description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", required=True, metavar="FILE|NAME", help="run config (as for vitpose train)")
+    p.add_argument("--config", required=True, metavar="FILE|NAME", help="run config: a YAML file or a shipped config's name (as for vitpose train)")
     p.add_argument("--data-root", default=None, help="dataset root (default: data.root of the config)")
     p.add_argument("--out", help="cache directory (default: data.crop_cache under the data root)")
     p.add_argument("--workers", type=int, default=None, help="decoding processes (default: cores, max 8)")

@@ -1,4 +1,4 @@
-"""`vitpose evaluate`: score a checkpoint on COCO keypoints (val2017 by default) with ViTPose's protocol.
+"""`vitpose evaluate`: score a checkpoint on its validation set (COCO val2017 by default) with its dataset's metric.
 
     vitpose evaluate --checkpoint work_dirs/demo/best.pth              # the config the checkpoint records
     vitpose evaluate --config vitpose-b_coco_256x192 --checkpoint ckpt.pth --amp
@@ -6,11 +6,13 @@
     vitpose evaluate --checkpoint ckpt.pth --bbox-file dets.json --no-flip-test --vis vis/
 
 The config is --config, else the one a training checkpoint records, else vitpose-s_coco_256x192.
-The protocol is MMPose's CocoMetric with the ViTPose settings (docs/evaluation.md): person boxes
-from the detection file the config names (COCO_val2017_detections_AP_H_56_person.json, all scores
-kept) or the GT boxes, UDP crops, flip test, rescoring bbox_score x mean(keypoint scores > 0.2),
-OKS-NMS at 0.9, then COCOeval (keypoints). It prints the ten COCO stats and writes the raw
-predictions (--out) and the COCO results file that COCOeval scored (next to it).
+The metric is the one the skeleton (data.dataset_info) names (docs/evaluation.md §8). coco-oks:
+MMPose's CocoMetric with the ViTPose settings: person boxes from the detection file the config
+names (COCO_val2017_detections_AP_H_56_person.json, all scores kept) or the GT boxes, UDP crops,
+flip test, rescoring bbox_score x mean(keypoint scores > 0.2), OKS-NMS at 0.9, then COCOeval
+(keypoints); it prints the ten COCO stats. pck: MMPose's PCKAccuracy (normalised by the GT box),
+AUC and EPE on the GT boxes; it prints PCK@<thr>, AUC and EPE. pckh: MPII's PCKh. It writes the
+raw predictions (--out) and the results that were scored (next to it).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from vitpose.engine.evaluate import format_stats, predict
 from vitpose.engine.precision import resolve_precision
 from vitpose.errors import UserError
 from vitpose.evaluation.coco_evaluator import save_predictions
-from vitpose.files import check_output, write_image
+from vitpose.files import check_output, stream_kind, write_image
 from vitpose.inference.draw import draw_pose
 from vitpose.models.checkpoint import CheckpointError
 
@@ -42,13 +44,13 @@ DEFAULT_CONFIG = "vitpose-s_coco_256x192"
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     doc = __doc__.split("\n\n")
-    p = subparsers.add_parser("evaluate", help="score a checkpoint with ViTPose's COCO protocol",
+    p = subparsers.add_parser("evaluate", help="score a checkpoint with its dataset's metric (COCO AP, PCK, PCKh)",
                               description=doc[0], epilog="\n\n".join(doc[1:]),
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True,
                    help="weights: this project's checkpoints or .safetensors, MMPose 1.x, official ViTPose or HF files")
     p.add_argument("--config", default=None, metavar="FILE|NAME",
-                   help="YAML config or a shipped config's name (default: the one the checkpoint records, "
+                   help="run config: a YAML file or a shipped config's name (default: the one the checkpoint records, "
                         f"else {DEFAULT_CONFIG})")
     boxes = p.add_mutually_exclusive_group()
     boxes.add_argument("--bbox-file", type=Path, default=None,
@@ -102,6 +104,10 @@ def evaluate_checkpoint(args) -> dict:
     amp_dtype = (pick_inference_precision(args.precision, device) if args.precision is not None
                  else pick_amp_dtype(device, args.amp or cfg.train.amp, cfg.train.amp_dtype))
     flip = cfg.eval.flip_test and not args.no_flip_test
+    skeleton = build_dataset_info(cfg, root)  # K, flip pairs, OKS sigmas and the metric of the data
+    if skeleton.metric == "pck" and args.bbox_file is not None:
+        raise UserError(f"--bbox-file: the skeleton {skeleton.name!r} is scored with PCK, which compares each "
+                        "annotated instance with its prediction on the ground-truth box; leave out --bbox-file")
     bbox_file = None if args.gt_boxes else (args.bbox_file or val_bbox_path(cfg, root))
     ann_file = root / cfg.data.val_ann
     if not ann_file.is_file():
@@ -113,8 +119,7 @@ def evaluate_checkpoint(args) -> dict:
     out = check_outputs(args, cfg, inputs=(ann_file, bbox_file, args.checkpoint, args.config))  # before the work
 
     # Build everything that can fail on bad input before the long part starts.
-    skeleton = build_dataset_info(cfg, root)  # K, flip pairs and OKS sigmas of the data
-    evaluator = build_evaluator(cfg, skeleton, root=root)  # as MMPose scores data.dataset_info
+    evaluator = build_evaluator(cfg, skeleton, root=root)  # the skeleton's metric, as MMPose computes it
     dataset = build_val_set(cfg, root, bbox_file, info=skeleton)
     loaded = load_model(args.checkpoint, config=cfg, device=device)  # the one way to a model
     model, codec, report = loaded.model, loaded.codec, loaded.report
@@ -123,9 +128,7 @@ def evaluate_checkpoint(args) -> dict:
           f"[{getattr(report, 'layout', '?')} layout]")
     print(f"boxes     : {'detections from ' + str(bbox_file) if bbox_file else 'ground truth (' + str(ann_file) + ')'}"
           f" -> {len(dataset)} person crops")
-    print(f"protocol  : flip test {'on' if flip else 'off'}; rescoring {describe_rescoring(cfg)}; "
-          f"NMS {'none' if cfg.eval.nms_mode == 'none' else f'{cfg.eval.nms_mode} at {cfg.eval.nms_thr:g}'}; "
-          f"COCOeval keypoints")
+    print(f"protocol  : flip test {'on' if flip else 'off'}; {describe_metric(cfg, skeleton)}")
     print(f"device    : {device}{' autocast ' + str(amp_dtype).replace('torch.', '') if amp_dtype else ''}")
 
     workers = args.workers if args.workers is not None else min(8, os.cpu_count() or 1)
@@ -139,12 +142,25 @@ def evaluate_checkpoint(args) -> dict:
 
     stats = evaluator.evaluate(predictions)
     if evaluator.last_nonfinite:
+        scored_as = "wrong keypoints (PCK, AUC) and a NaN EPE" if skeleton.metric == "pck" else "misses (OKS 0)"
         print(f"non-finite: {evaluator.last_nonfinite} of {len(predictions)} predictions have non-finite keypoints "
-              f"or scores (a diverged or broken model?); they are scored as misses (OKS 0)")
+              f"or scores (a diverged or broken model?); they are scored as {scored_as}")
     write_outputs(args, out, evaluator, dataset, predictions)
     print()
     print(format_stats(stats))
     return stats
+
+
+def describe_metric(cfg: Config, skeleton) -> str:
+    """The scoring protocol of the skeleton's metric, in one line."""
+    if skeleton.metric == "pck":
+        return (f"PCK@{skeleton.pck_threshold:g} (distance / the longer side of the GT box), AUC (PCK of "
+                f"distance / 30 px at 20 thresholds 0..0.95), EPE (pixels): MMPose's PCKAccuracy, AUC, EPE")
+    if skeleton.metric == "pckh":
+        return "PCKh@0.5 and @0.1 (distance / 0.6 x the head box diagonal): MMPose's MpiiPCKAccuracy"
+    return (f"rescoring {describe_rescoring(cfg)}; "
+            f"NMS {'none' if cfg.eval.nms_mode == 'none' else f'{cfg.eval.nms_mode} at {cfg.eval.nms_thr:g}'}; "
+            f"COCOeval keypoints")
 
 
 def describe_rescoring(cfg: Config) -> str:
@@ -155,18 +171,30 @@ def describe_rescoring(cfg: Config) -> str:
 
 def check_outputs(args, cfg: Config, inputs) -> Path:
     """The predictions file (--out), its .coco_results.json and --vis, checked before any work."""
-    out = check_output(args.out or Path(cfg.train.work_dir) / "eval" / "predictions.json", "--out", inputs=inputs)
-    check_output(out.with_name(out.name.removesuffix(".json") + ".coco_results.json"), "--out", inputs=inputs)
+    # --out may be a device or pipe (/dev/null, a FIFO: written directly, without the COCO results
+    # file beside it), not this command's stdout, which carries the report
+    out = check_output(args.out or Path(cfg.train.work_dir) / "eval" / "predictions.json", "--out", inputs=inputs,
+                       streams=True, stdout=False)
+    if stream_kind(out) is None:
+        check_output(results_path(out), "--out", inputs=inputs)
     if args.vis is not None:
         check_output(args.vis, "--vis", kind="dir", inputs=inputs)
     return out
 
 
+def results_path(out: Path) -> Path:
+    """The COCO results file beside the raw predictions `--out`."""
+    return out.with_name(out.name.removesuffix(".json") + ".coco_results.json")
+
+
 def write_outputs(args, out: Path, evaluator, dataset, predictions) -> None:
     """The raw predictions, the COCO results COCOeval scored, and (--vis) drawings."""
     save_predictions(predictions, out)
-    results_file = evaluator.write_results(predictions, out.with_name(out.name.removesuffix(".json") + ".coco_results.json"))
-    print(f"written   : {out} (raw predictions), {results_file} (the COCO results scored)")
+    if stream_kind(out) is None:
+        results_file = evaluator.write_results(predictions, results_path(out))
+        print(f"written   : {out} (raw predictions), {results_file} (the COCO results scored)")
+    else:
+        print(f"written   : {out} (raw predictions; the COCO results scored are written beside a file --out)")
     if args.vis is not None:
         kept = [dict(p) for p in after_protocol(evaluator, predictions)]
         paths = draw_examples(dataset, kept, args.vis, args.vis_num)

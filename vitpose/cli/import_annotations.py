@@ -24,11 +24,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
-EXIT_OK, EXIT_USAGE = 0, 2
+from vitpose.errors import EXIT_OK
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -43,27 +42,21 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="keypoint order and limbs: a skeleton YAML, a built-in name (coco, ...) or a COCO file "
                         "(default: the export's own names)")
     p.add_argument("--label", default=None, help="CVAT: the skeleton label to import (default: the only one)")
-    p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     p.set_defaults(run=run)
     return p
 
 
 def run(args) -> int:
-    """`vitpose import-annotations`; returns the exit status."""
-    from vitpose.data.errors import DataError
-    from vitpose.errors import UserError
-
-    try:
-        return _run(args)
-    except (DataError, UserError) as e:
-        if args.debug:
-            raise
-        print(f"vitpose import-annotations: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+    """`vitpose import-annotations`; returns the exit status. A bad export, skeleton or --out is a
+    UserError, which vitpose.cli's one handler prints as one line."""
+    return _run(args)
 
 
 def _check_out(args) -> None:
+    """--out before the work (`vitpose.files.check_output`: not an input, not a folder, not under a
+    file, a folder in which a file can be created); a device or pipe (`--out /dev/stdout`) is fine."""
     from vitpose.data.annotation_formats import AnnotationFormatError
+    from vitpose.files import check_output, stream_kind
 
     out = args.out.expanduser()
     inputs = [args.source] + ([Path(args.skeleton)] if args.skeleton and Path(args.skeleton).exists() else [])
@@ -72,36 +65,40 @@ def _check_out(args) -> None:
     if out.is_dir():
         raise AnnotationFormatError(f"--out {out} is a directory; give a file name such as {out / 'train.json'}",
                                     field="--out")
-    if out.suffix.lower() != ".json":
+    if stream_kind(out) is None and out.suffix.lower() != ".json":
         raise AnnotationFormatError(f"--out {out} should end in .json (a COCO keypoint file)", field="--out")
+    check_output(out, "--out", "file", inputs, streams=True)
 
 
 def _run(args) -> int:
     from vitpose.data.annotation_formats import read_export, to_coco
+    from vitpose.files import STDOUT, stream_kind, write_atomic
 
     _check_out(args)  # before the work: a bad --out never costs a long import
     draft = read_export(args.source.expanduser(), args.format, skeleton=args.skeleton, label=args.label)
     coco = to_coco(draft)
     out = args.out.expanduser()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(coco, indent=1))
-    os.replace(tmp, out)  # atomic: a crash never leaves half a file
-    print_summary(draft, coco, args, out)
+    # atomic (a new, exclusively created temp file renamed into place: a crash never leaves half a
+    # file, a link planted beside --out is never written through); a device or pipe directly
+    report = sys.stderr if stream_kind(out) == STDOUT else sys.stdout
+    write_atomic(out, json.dumps(coco, indent=1))
+    print_summary(draft, coco, args, out, report)
     return EXIT_OK
 
 
-def print_summary(draft, coco: dict, args, out: Path) -> None:
+def print_summary(draft, coco: dict, args, out: Path, report=None) -> None:
+    report = report or sys.stdout
     names = coco["categories"][0]["keypoints"]
     counts = [0] * len(names)
     for ann in coco["annotations"]:
         for k in range(len(names)):
             counts[k] += ann["keypoints"][3 * k + 2] > 0
-    print(f"{len(coco['images'])} images, {len(coco['annotations'])} people from {draft.tool} export {args.source}")
-    print("keypoints (labelled people): " + ", ".join(f"{n} ({c})" for n, c in zip(names, counts)))
+    print(f"{len(coco['images'])} images, {len(coco['annotations'])} people from {draft.tool} export {args.source}",
+          file=report)
+    print("keypoints (labelled people): " + ", ".join(f"{n} ({c})" for n, c in zip(names, counts)), file=report)
     if args.skeleton is None and args.format == "labelstudio":
         print("note: the keypoint order is the order the names first appear in the export; give --skeleton "
               "FILE.yaml to fix it", file=sys.stderr)
     for reason, count in draft.skipped.items():
         print(f"note: {count} {reason}", file=sys.stderr)
-    print(f"written: {out}  (set data.dataset_info: {out} so training reads the skeleton from it)")
+    print(f"written: {out}  (set data.dataset_info: {out} so training reads the skeleton from it)", file=report)

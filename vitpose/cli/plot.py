@@ -17,6 +17,11 @@ import numpy as np
 
 from vitpose.errors import UserError
 
+
+class MetricsNotFoundError(UserError, FileNotFoundError):
+    """A work dir without metrics.jsonl (not a training run's, or not started)."""
+
+
 FIGSIZE = (12, 8)  # inches, at DPI: 1200 x 800 pixels
 DPI = 100
 
@@ -29,7 +34,7 @@ def load_curves(path: str | Path) -> dict[str, np.ndarray]:
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: training writes it to its work_dir (train.work_dir)")
+        raise MetricsNotFoundError(f"{path} not found: training writes it to its work_dir (train.work_dir)")
     train: list[dict] = []
     evals: dict[int, dict] = {}
     for lineno, line in enumerate(path.read_text().splitlines(), 1):
@@ -114,9 +119,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    try:
-        out, _ = plot_metrics(args.work_dir, args.out)
-    except FileNotFoundError as e:
-        raise UserError(str(e)) from None
+    out, _ = plot_metrics(args.work_dir, args.out)
     print(out)
     return 0

@@ -21,41 +21,47 @@ every file name is a number (000000197388.jpg -> 197388; two names with one numb
 error), else a running index, and then `--boxes` records are matched by `file_name`.
 
 Safety: outputs are checked before any work (folder vs file, parent exists, writable) and may not
-replace an input (a source image or video, the --boxes file, the model). An existing --json is
-replaced only when the run completes (until then the results go to `<json>.partial`); with
-`--resume` it is continued: the images or frames in it are skipped. SIGINT / SIGTERM (Ctrl-C)
+replace an input (a source image or video, the --boxes file, the model) or each other (--json named
+like a drawing). An existing --json is replaced only when the run completes (until then the results
+go to a new `.<json>.XXXXXXXX.partial` beside it, created exclusively); `--resume` continues that
+file when a stopped run left one, else the --json itself: the images or frames in it are skipped
+(with --track the people keep their ids). `--json /dev/stdout` (or another device or pipe) is
+written directly, and the summary goes to stderr. Drawings keep the image's name, or get `.png`
+added when its format cannot hold colour (.pgm). SIGINT / SIGTERM (Ctrl-C)
 finish the current images or frames, close the files (a playable video, a parseable JSON) and
 exit 130; a second signal stops at once.
 
-Exit status: 0 all done; 1 some inputs failed (unreadable images, frames that failed; each is
-counted, skipped and named at the end); 2 nothing done (usage, model, outputs); 130 interrupted.
+Exit status (`vitpose.errors.EXIT_STATUSES`): 0 all done; 1 some inputs failed (unreadable
+images, frames that failed; each is counted, skipped and named at the end); 2 nothing done (usage,
+model, outputs); 70 a bug (its traceback); 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import signal
 import sys
 import threading
+import traceback
 from pathlib import Path
 
 import numpy as np
 
-from vitpose.errors import UserError
+from vitpose.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, UserError
 from vitpose.files import check_output
 from vitpose.inference.pipeline import (
     IMAGE_SUFFIXES,
+    VIDEO_SUFFIXES,
     ResultsFile,
     classify_source,
-    coco_records,
     image_ids,
     read_boxes_file,
 )
+from vitpose.inference.records import image_records
 
 DEFAULT_MODEL = "vitpose-b-simple"
 STAGES = ("decode", "detect", "crop", "pose", "decode heatmaps", "draw", "write")
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 class UsageError(UserError):
@@ -72,8 +78,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help="a published name (vitpose.hub.list_models()), an HF repo id (org/repo[@revision]), a "
                         "weights or checkpoint file, or an .onnx file from vitpose export (default: %(default)s)")
-    p.add_argument("--config", default=None, help="training config of the weights (custom models); "
-                   "without it the size and decoder are read from the file")
+    p.add_argument("--config", default=None, metavar="FILE|NAME",
+                   help="the run config the weights were trained with (a YAML file or a shipped config's name, "
+                        "as for vitpose train); its model section and skeleton describe them. Default: what the "
+                        "file records, or its tensor shapes")
     p.add_argument("--detector", default=None,
                    help="default | none | full-frame | a name of vitpose.inference.detect.DETECTORS "
                         "(default: 'default', or 'none' with --boxes)")
@@ -100,8 +108,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-flip", action="store_true", help="skip the flip test (about 2x faster)")
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: CUDA when available)")
     p.add_argument("--det-classes", nargs="+", default=None, metavar="CLASS",
-                   help="COCO classes the detector keeps, names or ids (default: the model's skeleton's: "
-                        "bird..giraffe for AP-10K / APT-36K, person otherwise)")
+                   help="COCO classes the detector keeps, names or ids (default: the model's skeleton's "
+                        "detector_classes: person for COCO, bird..giraffe for AP-10K / APT-36K; a skeleton that "
+                        "names none is cropped full-frame)")
     p.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
                    help="auto (default): fp16 on CUDA, bf16 on a CPU with AVX512-BF16 or AMX (ViTPose-S "
                         "2.1-2.6x faster than fp32 there), else fp32; what auto picks passed the accuracy gate, "
@@ -111,7 +120,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="person boxes per forward pass, doubled by the flip test (default: 8 on a CPU, 32 on a GPU)")
     p.add_argument("--keypoint-threshold", type=float, default=0.3,
                    help="drawing: keypoints with a lower score are not drawn (default: %(default)s)")
-    p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     p.set_defaults(run=run)
     return p
 
@@ -130,6 +138,11 @@ def list_images(sources: list[str]) -> list[Path]:
         if source.is_dir():
             found = sorted(p for p in source.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and not p.is_dir())
             if not found:
+                videos = sorted(p.name for p in source.iterdir() if p.suffix.lower() in VIDEO_SUFFIXES)
+                if videos:  # a folder is read for images only: a video goes alone, as the only SOURCE
+                    raise UsageError(f"no images in {source}, but {len(videos)} video file(s) (e.g. {videos[0]}): "
+                                     f"give videos one at a time, each as the only SOURCE "
+                                     f"(vitpose predict {source / videos[0]} ...)")
                 raise UsageError(f"no images in {source} (looked for {', '.join(IMAGE_SUFFIXES)})")
             paths += found
         else:
@@ -152,9 +165,42 @@ def output_names(paths: list[Path]) -> list[str]:
     return names
 
 
+def drawing_names(names: list[str]) -> list[str]:
+    """The file names of the drawings in --out: the image's own name, or NAME.png when its format
+    cannot hold a colour picture (.pgm is grey only), made unique among the others."""
+    taken, out = set(names), []
+    for name in names:
+        drawn = name
+        if not _holds_colour(Path(name).suffix.lower()):
+            drawn, k = f"{name}.png", 1
+            while drawn in taken:
+                drawn, k = f"{name}_{k}.png", k + 1
+            taken.add(drawn)
+        out.append(drawn)
+    return out
+
+
+_COLOUR_FORMATS: dict[str, bool] = {}
+
+
+def _holds_colour(suffix: str) -> bool:
+    """Whether OpenCV encodes a colour image in the format of `suffix` (asked once per suffix)."""
+    if suffix not in _COLOUR_FORMATS:
+        import cv2
+
+        try:
+            _COLOUR_FORMATS[suffix] = bool(cv2.imencode(suffix, np.zeros((2, 2, 3), np.uint8))[0])
+        except cv2.error:
+            _COLOUR_FORMATS[suffix] = False
+    return _COLOUR_FORMATS[suffix]
+
+
 def check_outputs(args, inputs: list[Path], video_source=None) -> None:
     """--out, --json and their combinations (see the module docstring), before any work
-    (`vitpose.files.check_output`: folder vs file, a path under a file, writable, not an input)."""
+    (`vitpose.files.check_output`: folder vs file, a path under a file, writable, not an input;
+    --json may be a device or pipe such as /dev/stdout, a drawn video may not)."""
+    from vitpose.files import stream_kind
+
     if args.resume and args.json is None:
         raise UsageError("--resume continues the --json file: give --json")
     if args.resume and args.json_array:
@@ -175,7 +221,16 @@ def check_outputs(args, inputs: list[Path], video_source=None) -> None:
         if any(path.parent.resolve() == out for path in inputs):  # the drawings keep the images' names
             raise UsageError(f"--out {args.out} is a source directory: the drawings would overwrite the images")
     if args.json is not None:
-        check_output(args.json, "--json", "file", inputs + extra + outputs)
+        check_output(args.json, "--json", "file", inputs + extra + outputs, streams=True)
+        if args.resume and stream_kind(args.json.expanduser()) is not None:
+            raise UsageError(f"--json {args.json} is a device or pipe; --resume continues a file")
+        if args.out is not None and video_source is None:
+            json_path = os.path.abspath(args.json.expanduser())
+            drawings = {os.path.abspath(args.out.expanduser() / name): name
+                        for name in drawing_names(output_names(inputs))}
+            if json_path in drawings:
+                raise UsageError(f"--json {args.json} is the name of the drawing of {drawings[json_path]} in --out "
+                                 f"{args.out}: choose another name")
 
 
 def read_boxes(args, names: list[str] | None):
@@ -240,9 +295,19 @@ def build_predictor(args):
     except ValueError as e:
         raise UsageError(f"--device: {e}") from None
     tune_cpu_allocator(device)  # on a CPU: this process runs models pass after pass (see its docstring)
-    if args.det_classes is not None:  # a misspelt class stops before any model loads
-        from vitpose.inference.detect import parse_det_classes
+    # The flags the library checks with ValueError (its API's errors) are checked here, before any
+    # model loads, as the user's errors; a ValueError from deeper down is a bug (vitpose.cli).
+    from vitpose.device import resolve_precision
+    from vitpose.inference.detect import DETECTORS, parse_det_classes
 
+    try:
+        resolve_precision(args.precision, device)
+    except ValueError as e:
+        raise UsageError(f"--precision: {e}") from None
+    if detector not in ("default", "none", "full-frame", *DETECTORS):
+        raise UsageError(f"--detector: unknown detector {detector!r}; choose default, none, full-frame or one of "
+                         f"{', '.join(DETECTORS)}")
+    if args.det_classes is not None:  # a misspelt class stops before any model loads
         try:
             parse_det_classes(args.det_classes)
         except ValueError as e:
@@ -311,20 +376,10 @@ def _check_flags(args) -> None:
 
 
 def run(args) -> int:
-    """`vitpose predict`; returns the exit status (errors about the user's input: one line, 2)."""
-    from vitpose.config import ConfigError
-
-    expected = (UserError, ConfigError, FileNotFoundError)  # load_model's errors (names, downloads, files) are UserErrors
-    try:
-        return _run(args)
-    except KeyboardInterrupt:  # a second Ctrl-C: the files were closed on the way out
-        print("vitpose predict: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except expected as e:
-        if args.debug:
-            raise
-        print(f"vitpose predict: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+    """`vitpose predict`; returns the exit status. Errors that are the user's are UserErrors, which
+    the command's one handler (vitpose.cli.run_command) prints as one line; a second Ctrl-C reaches
+    it as KeyboardInterrupt after the files were closed on the way out."""
+    return _run(args)
 
 
 def _run(args) -> int:
@@ -356,12 +411,7 @@ def _run(args) -> int:
         image_ids(names)  # duplicate ids: an error before any work
         check_outputs(args, paths)
     boxes = read_boxes(args, names)
-    try:  # after the sources, the outputs and the boxes file are checked
-        predictor = build_predictor(args)
-    except (ValueError, RuntimeError) as e:  # an unrecognised weights file, detector weights, ViTPose+
-        if args.debug:
-            raise
-        raise UsageError(str(e)) from None
+    predictor = build_predictor(args)  # after the sources, the outputs and the boxes file are checked
     with StopOnSignal() as stop:
         if streams:
             from vitpose.inference.video import run_video  # the video pipeline (decode, detect and pose overlapped)
@@ -389,8 +439,29 @@ class _ImageRun:
         elif args.json is not None:
             self.results = ResultsFile(args.json, "file_name", array=args.json_array, resume=args.resume)
         self.failed: list[str] = []
+        self.traceback_shown = False
         self.people = self.nobody = self.done = 0
         self.skeleton = getattr(predictor, "skeleton", None)
+        self.drawing_of = dict(zip(names, drawing_names(names))) if args.out is not None else {}
+        self.renamed = sorted(name for name, drawn in self.drawing_of.items() if drawn != name)
+        self.exif_noted = False
+
+    def note_exif_orientation(self, paths, images) -> None:
+        """With --boxes, one note for the first image that has an EXIF orientation: OpenCV decodes
+        it turned or mirrored upright, and its boxes are taken in that frame."""
+        from vitpose.data.image_io import exif_orientation
+
+        if self.exif_noted:
+            return
+        for path, image in zip(paths, images):
+            orientation = exif_orientation(path)
+            if orientation != 1:
+                self.exif_noted = True
+                print(f"vitpose predict: note: {path} has EXIF orientation {orientation}: it is decoded turned "
+                      f"upright ({image.shape[1]}x{image.shape[0]}, as a viewer shows it) and --boxes are taken "
+                      f"in that frame, not the stored pixels' (noted for the first such image only)",
+                      file=sys.stderr)
+                return
 
     def predict(self, images, given, names) -> list:
         """The predictor on a chunk of images; when it fails, image by image (one bad image costs one)."""
@@ -401,6 +472,14 @@ class _ImageRun:
                 return [self.predict([i], None if given is None else [g], [n])[0]
                         for i, g, n in zip(images, given or [None] * len(images), names)]
             self.failed.append(f"{names[0]}: {type(e).__name__}: {e}")
+            if not isinstance(e, UserError) and not self.traceback_shown:
+                # not an input the code explains: maybe a bug. The image is counted and skipped as
+                # before, but a bug is never only "an input failed": its traceback, once.
+                self.traceback_shown = True
+                print(f"vitpose predict: {names[0]} failed with an error that is not about the input; "
+                      f"its traceback (a bug in vitpose, please report it unless it names the file):",
+                      file=sys.stderr)
+                traceback.print_exc()
             return [None]
 
     def output(self, name: str, image_id: int, image, poses) -> None:
@@ -410,9 +489,9 @@ class _ImageRun:
         timer = self.predictor.timer
         if self.results is not None:
             with timer.stage("write"):
-                records, nonfinite = coco_records(poses, image_id=image_id, file_name=name)
-                if getattr(self.args, "format", "coco") != "coco":  # the pre-annotation formats need the size
-                    records = [{**r, "width": image.shape[1], "height": image.shape[0]} for r in records]
+                # the pre-annotation formats need the size; `vitpose serve` answers with the same records
+                with_size = getattr(self.args, "format", "coco") != "coco"
+                records, nonfinite = image_records(poses, name, image_id, image.shape[:2] if with_size else None)
                 self.results.write(records, nonfinite)
         self.people += len(poses)
         self.nobody += len(poses) == 0
@@ -420,11 +499,12 @@ class _ImageRun:
         if self.args.out is not None:
             with timer.stage("draw"):
                 canvas = draw_people(image, poses, self.skeleton, self.args.keypoint_threshold, "bgr")
+            drawn = self.args.out / self.drawing_of.get(name, name)
             with timer.stage("write"):
                 try:  # through a numpy buffer and the atomic writer: any file name the OS allows
-                    write_image(self.args.out / name, canvas)
+                    write_image(drawn, canvas)
                 except (OSError, ValueError) as e:
-                    self.failed.append(f"{name}: could not write {self.args.out / name} ({e})")
+                    self.failed.append(f"{name}: could not write {drawn} ({e})")
 
 
 # Decoded pixels held at once by one chunk of images (50 MP: 150 MB as BGR): a chunk ends at
@@ -482,7 +562,10 @@ def predict_images(predictor, paths: list[Path], args, boxes=(None, None), stop=
                     chunk, images, taken = _decode_chunk(queue, paths, args.batch_images, state.failed)
                 if not taken:
                     break
-                given = None if table is None else [_boxes_of(table, key, names[i], state.ids[i]) for i in chunk]
+                given = None
+                if table is not None:
+                    state.note_exif_orientation([paths[i] for i in chunk], images)
+                    given = [_boxes_of(table, key, names[i], state.ids[i], image) for i, image in zip(chunk, images)]
                 found = state.predict(images, given, [names[i] for i in chunk]) if chunk else []
                 for i, image, poses in zip(chunk, images, found):
                     if poses is not None:
@@ -497,28 +580,16 @@ def predict_images(predictor, paths: list[Path], args, boxes=(None, None), stop=
 
 
 def _annotation_writer(args, predictor):
-    """records -> the text of `--format labelstudio | cvat` (vitpose/data/annotation_formats.py)."""
-    from vitpose.data import annotation_formats
+    """records -> the text of `--format labelstudio | cvat` (`vitpose.inference.records.render_records`)."""
     from vitpose.data.metainfo import dataset_info
+    from vitpose.inference.records import render_records
 
     skeleton = getattr(predictor, "skeleton", None) or dataset_info("coco")
-
-    def render(records: list[dict]) -> str:
-        K = len(records[0]["keypoints"]) // 3 if records else skeleton.num_keypoints
-        if K != skeleton.num_keypoints:
-            raise UsageError(f"--format {args.format}: the model predicts {K} keypoints but the skeleton "
-                             f"{skeleton.name!r} names {skeleton.num_keypoints}; give the model's training config "
-                             f"with --config")
-        if args.format == "labelstudio":
-            return json.dumps(annotation_formats.to_labelstudio_tasks(records, skeleton.keypoint_names,
-                                                                      mark_below=args.mark_below), indent=1)
-        return annotation_formats.to_cvat_xml(records, skeleton.keypoint_names, skeleton.skeleton,
-                                              mark_below=args.mark_below)
-    return render
+    return lambda records: render_records(records, args.format, skeleton, args.mark_below)
 
 
-def _boxes_of(table, key: str, name: str, image_id: int) -> np.ndarray:
-    found = table.lookup(key, name if key == "file_name" else image_id)
+def _boxes_of(table, key: str, name: str, image_id: int, image) -> np.ndarray:
+    found = table.lookup(key, name if key == "file_name" else image_id, (image.shape[1], image.shape[0]))
     return np.concatenate([found.boxes, found.scores[:, None]], axis=1)
 
 
@@ -538,22 +609,31 @@ def _close_results(state: _ImageRun, completed: bool):
 
 
 def print_summary(state: _ImageRun, resumed: int, json_path, interrupted: bool, stop) -> None:
+    from vitpose.files import STDOUT
+
     timer = state.predictor.timer
     timer.seconds = timer.ordered(STAGES)
+    # with --json /dev/stdout the results own stdout: the summary goes to stderr
+    report = sys.stderr if state.results is not None and state.results.stream == STDOUT else sys.stdout
     print(f"{state.done} images, {state.people} people"
           + (f", {state.nobody} images with nobody found" if state.nobody else "")
-          + (f" ({resumed} already in {state.args.json}, skipped)" if resumed else ""))
-    print(timer.summary(state.done, "image"))
+          + (f" ({resumed} already in {state.args.json}, skipped)" if resumed else ""), file=report)
+    print(timer.summary(state.done, "image"), file=report)
     written = [str(p) for p in (state.args.out, json_path) if p is not None]
     if written:
-        print("written: " + ", ".join(written))
+        print("written: " + ", ".join(written), file=report)
+    if state.renamed:
+        print(f"vitpose predict: note: {len(state.renamed)} images are in a format that cannot hold a colour "
+              f"picture; drawn as PNG: {state.renamed[0]} -> {state.drawing_of[state.renamed[0]]}"
+              + (" ..." if len(state.renamed) > 1 else ""), file=sys.stderr)
     if state.results is not None and state.results.nonfinite:
         print(f"vitpose predict: warning: {state.results.nonfinite} keypoint or score values were not finite "
               f"and are written as null", file=sys.stderr)
     if interrupted:
         why = stop.signal_name if stop is not None and stop.signal_name else "the user"
         if json_path is not None and Path(json_path) != Path(state.args.json):
-            hint = f"; {state.args.json} is unchanged, this run's results so far are in {json_path}"
+            hint = (f"; {state.args.json} is unchanged, this run's results so far are in {json_path} (run again "
+                    f"with --resume to finish them)")
         else:
             hint = "; run again with --resume to finish --json" if state.args.json is not None else ""
         print(f"vitpose predict: interrupted by {why} after {state.done} images{hint}", file=sys.stderr)

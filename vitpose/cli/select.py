@@ -27,7 +27,8 @@ import signal
 import sys
 from pathlib import Path
 
-EXIT_OK, EXIT_USAGE, EXIT_INTERRUPTED = 0, 2, 130
+from vitpose.errors import EXIT_INTERRUPTED, EXIT_OK, UserError
+
 FORMATS = ("labelstudio", "cvat", "coco")
 SUFFIXES = {"labelstudio": ".json", "cvat": ".xml", "coco": ".json"}
 
@@ -66,20 +67,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-class UsageError(Exception):
-    pass
-
-
-def run(args) -> int:
-    from vitpose.errors import UserError
-
-    try:
-        return _run(args)
-    except (UserError, UsageError) as e:
-        if getattr(args, "debug", False):
-            raise
-        print(f"vitpose select: error: {e}", file=sys.stderr)
-        return getattr(e, "exit_status", EXIT_USAGE)
+class UsageError(UserError):
+    """A problem with the command line or the user's files, reported in one line by `vitpose.cli`'s
+    handler (exit status 2)."""
 
 
 def check_flags(args):
@@ -131,7 +121,7 @@ def build_predictor(args):
                                      config=args.config, batch_size=args.batch_size)
 
 
-def _run(args) -> int:
+def run(args) -> int:
     from vitpose.engine.runtime import StopFlag
     from vitpose.inference.pipeline import read_boxes_file
     from vitpose.labelling.select import labelled_names, select_frames

@@ -35,10 +35,11 @@ from vitpose.engine import distributed as D
 from vitpose.engine import runtime, session, trainer
 from vitpose.engine.trainer import EpochEnd
 from vitpose.engine.workdir import check_fresh_start
+from vitpose.errors import EXIT_DIVERGED, EXIT_OK, EXIT_USAGE
 
 DEFAULT_CONFIG = "vitpose-s_coco_256x192"  # shipped configs, found by name (vitpose.config.find_config)
 DEMO_CONFIG = "demo"
-EXIT_OK, EXIT_USAGE, EXIT_NONFINITE = 0, 2, 3
+EXIT_NONFINITE = EXIT_DIVERGED  # the name train.py and the tests know
 
 EPILOG = """\
 The flags above override the config file; --set overrides any config field, e.g.
@@ -57,7 +58,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                               description=__doc__.split("\n\n")[0], epilog=EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=None, metavar="FILE|NAME",
-                   help=f"YAML config or a shipped config's name (default {DEFAULT_CONFIG}; {DEMO_CONFIG} with --demo)")
+                   help=f"run config: a YAML file or a shipped config's name (default {DEFAULT_CONFIG}; "
+                        f"{DEMO_CONFIG} with --demo)")
     p.add_argument("--demo", action="store_true",
                    help="train a small ViT on a synthetic COCO-layout set (written once to work_dirs/demo/synthetic_coco); minutes on a CPU")
     p.add_argument("--amp", action="store_true",

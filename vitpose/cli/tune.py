@@ -352,7 +352,7 @@ def default_workers() -> list[int]:
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("tune", help="sweep loader workers, batch size, pin_memory and prefetch",
                               description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", required=True, metavar="FILE|NAME", help="run config (its model, data and loader sections)")
+    p.add_argument("--config", required=True, metavar="FILE|NAME", help="run config: a YAML file or a shipped config's name (its model, data and loader sections)")
     p.add_argument("--data-root", help="dataset root (default: data.root of the config)")
     p.add_argument("--synthetic", type=int, default=0, metavar="N",
                    help="sweep on N synthetic 640x480 images generated into a temporary folder")
@@ -381,10 +381,6 @@ def run(args) -> int:
     if args.batches < 1:
         raise UserError("--batches must be >= 1")
     use_steps = args.steps if args.steps is not None else device.type == "cuda"
-    if min(args.prefetch or [cfg.loader.prefetch_factor]) < 1:
-        raise SystemExit("--prefetch: values must be >= 1")
-    if args.batches < 1:
-        raise SystemExit("--batches must be >= 1")
     workers = args.workers or default_workers()
     batch_sizes = args.batch_sizes or [cfg.loader.batch_size]
     pins = args.pin_memory or [cfg.loader.pin_memory]

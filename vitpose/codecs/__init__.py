@@ -1,4 +1,5 @@
-"""Keypoint <-> heatmap codecs (numpy, plus a batched torch encode). Knows nothing of models or files."""
+"""Keypoint <-> heatmap codecs (numpy, plus a batched torch encode), the codec by name, the flip
+test's average and the decode to image pixels. Knows nothing of models or files."""
 
 from vitpose import lazy_exports
 
@@ -7,5 +8,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "vitpose.codecs.udp": ["UDPHeatmap"],
     "vitpose.codecs.msra": ["MSRAHeatmap"],
     "vitpose.codecs.udp_torch": ["udp_encode_torch"],
-    "vitpose.codecs.flip": ["flip_heatmaps"],
+    "vitpose.codecs.flip": ["flip_heatmaps", "flip_average"],
+    "vitpose.codecs.choice": ["build_codec", "codec_class"],
+    "vitpose.codecs.decode": ["crop_to_image", "decode_to_image", "instance_scores"],
 })

@@ -1,7 +1,8 @@
 """MSRA heatmap codec (Xiao et al., "Simple Baselines", 2018), plain and DARK, as MMPose 1.x runs it.
 
-Not used by ViTPose (which uses UDP); kept as the contrast case of docs/data.md §7.4 and for
-configs that train non-UDP models. Stride is exactly input / heatmap (4 for 192x256 -> 48x64).
+The published ViTPose models use UDP; `model.codec: msra` trains with this one (plain, not DARK;
+docs/model.md "Codec"), and it is the contrast case of docs/data.md §7.4. Stride is exactly
+input / heatmap (4 for 192x256 -> 48x64).
 
 * plain (unbiased=False): Gaussian centred on the integer cell int(x / 4 + 0.5); decode = argmax
   plus 0.25 cell toward the larger neighbour, then x 4.
@@ -11,7 +12,14 @@ configs that train non-UDP models. Stride is exactly input / heatmap (4 for 192x
 
 import numpy as np
 
-from .udp import _check_heatmaps, _check_keypoints, blur_heatmaps, heatmap_maximum, window_gaussian_heatmaps
+from .udp import (
+    _check_heatmaps,
+    _check_keypoints,
+    blur_heatmaps,
+    gaussian_keypoint_weights,
+    heatmap_maximum,
+    window_gaussian_heatmaps,
+)
 
 __all__ = ["MSRAHeatmap"]
 
@@ -116,6 +124,12 @@ class MSRAHeatmap:
         blur_kernel_size: kernel of the DARK blur at decode time (11 matches sigma 2).
     """
 
+    # The flip test shifts the flipped-back maps one cell right (MMPose's shift_heatmap=True for
+    # MSRA configs): input x -> x / s cells, so a mirrored crop's w - 1 - x flips back to
+    # x / s - (s - 1) / s cells, 0.75 of a cell left of the unflipped peak for s = 4; the shift
+    # leaves 0.25 of a cell to the right.
+    flip_shift = True
+
     def __init__(self, input_size=(192, 256), heatmap_size=(48, 64), sigma=2.0, unbiased=False,
                  blur_kernel_size=11):
         self.input_size = tuple(int(v) for v in input_size)
@@ -138,6 +152,14 @@ class MSRAHeatmap:
             return _unbiased_gaussian_heatmaps(self.heatmap_size, keypoints_hm, keypoints_visible, self.sigma)
         return window_gaussian_heatmaps(self.heatmap_size, keypoints_hm, keypoints_visible, self.sigma,
                                         subpixel=False)
+
+    def keypoint_weights(self, keypoints, keypoints_visible=None):
+        """The keypoint_weights of `encode` (N, K) float32 (without drawing heatmaps when plain)."""
+        if self.unbiased:  # DARK's own 3-sigma rule, without integer cells: what encode computes
+            return self.encode(keypoints, keypoints_visible)[1]
+        keypoints, keypoints_visible = _check_keypoints(keypoints, keypoints_visible, type(self).__name__)
+        return gaussian_keypoint_weights(keypoints / self.scale_factor, keypoints_visible,
+                                         self.heatmap_size, self.sigma)[0]
 
     def decode(self, heatmaps):
         """heatmaps (K, H, W) -> keypoints (1, K, 2) float32 in input pixels, scores (1, K) float32."""

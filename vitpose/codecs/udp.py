@@ -285,6 +285,10 @@ class UDPHeatmap:
         blur_kernel_size: kernel of the DARK-UDP blur at decode time (11 matches sigma 2).
     """
 
+    # The flip test needs no 1-cell shift: UDP maps input x to heatmap x * (W - 1) / (w - 1), so a
+    # mirrored crop's x -> w - 1 - x lands exactly on W - 1 - x_hm (MMPose: shift_heatmap=False).
+    flip_shift = False
+
     def __init__(self, input_size=(192, 256), heatmap_size=(48, 64), sigma=2.0, blur_kernel_size=11):
         self.input_size = tuple(int(v) for v in input_size)
         self.heatmap_size = tuple(int(v) for v in heatmap_size)

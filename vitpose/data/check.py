@@ -122,7 +122,7 @@ def check_skeleton(info: DatasetInfo, model_keypoints: int | None = None,
     if not info.upper_body_ids and not info.lower_body_ids:
         out.append(Finding("half-body sets", WARN, "none: half-body augmentation is off (add upper_body / "
                                                    "lower_body to a skeleton YAML to use it)"))
-    if "sigmas" in info.defaulted:
+    if "sigmas" in info.defaulted and info.metric == "coco-oks":  # PCK and PCKh do not use them
         out.append(Finding("OKS sigmas", WARN, f"default {info.sigmas[0]:.4f} for every keypoint (the mean of "
                                                "COCO's): AP depends on them, set `sigmas` in a skeleton YAML"))
     return out

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..codecs.udp import UDPHeatmap
+from ..codecs.choice import build_codec
 from . import transforms as T
 from .coco_index import CocoIndex, build_coco_index
 from .errors import DataError
@@ -54,7 +54,8 @@ class CocoKeypoints(Dataset):
         bbox_file: COCO detection results JSON; its person boxes replace the GT boxes
             (validation only). Boxes are kept in file order and not clipped, as in MMPose.
         input_size, heatmap_size: (w, h) of the crop and of the heatmaps.
-        sigma: UDP Gaussian sigma (heatmap pixels).
+        sigma: the targets' Gaussian sigma (heatmap pixels).
+        codec: the heatmap codec of the targets, "udp" (default) or "msra" (`model.codec`).
         seed: base seed of the augmentation stream.
         encode_targets: add "heatmaps" to training samples (else the trainer encodes them).
         bbox_score_thr: drop detection boxes with a lower score (MMPose's ViTPose uses 0).
@@ -78,7 +79,7 @@ class CocoKeypoints(Dataset):
     """
 
     def __init__(self, ann_file, img_dir, train=False, bbox_file=None, input_size=(192, 256),
-                 heatmap_size=(48, 64), sigma=2.0, seed=0, encode_targets=True,
+                 heatmap_size=(48, 64), sigma=2.0, seed=0, encode_targets=True, codec="udp",
                  bbox_score_thr=0.0, max_bad_images=10, reduced_decode=False, photometric=None,
                  num_keypoints=None, flip_indices=None, crop_cache=None,
                  index: CocoIndex | None = None, dataset_info: DatasetInfo | str | None = None):
@@ -106,7 +107,7 @@ class CocoKeypoints(Dataset):
         self.crop_cache_misses = 0  # per process: crops the cache could not serve (decoded)
         self._photometric = T.build_photometric(photometric) if train else None
         # The codec draws the heatmaps (encode_targets) or, without them, gives the weights.
-        self._codec = UDPHeatmap(self.input_size, self.heatmap_size, self.sigma)
+        self._codec = build_codec(codec, self.input_size, self.heatmap_size, self.sigma)
         if index is None:
             index = build_coco_index(self.ann_file, self.bbox_file, self.num_keypoints, self.bbox_score_thr,
                                      dataset_info=self.dataset_info, img_dir=self.img_dir)
@@ -204,12 +205,12 @@ class CocoKeypoints(Dataset):
         }
 
     def target_weights(self, keypoints, keypoints_visible):
-        """(K,) keypoint weights of the UDP targets of crop keypoints (K, 2), without heatmaps."""
+        """(K,) keypoint weights of the targets of crop keypoints (K, 2), without heatmaps."""
         return self._codec.keypoint_weights(np.asarray(keypoints)[None],
                                             np.asarray(keypoints_visible, np.float32)[None])[0]
 
     def targets(self, keypoints, keypoints_visible):
-        """UDP targets of crop keypoints (K, 2): "keypoint_weights" (K,), and "heatmaps"
+        """The codec's targets of crop keypoints (K, 2): "keypoint_weights" (K,), and "heatmaps"
         (K, H, W) unless `encode_targets=False` (then the trainer draws them on the device)."""
         if not self.encode_targets:
             return {"keypoint_weights": torch.from_numpy(self._codec.keypoint_weights(

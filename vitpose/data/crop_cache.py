@@ -37,7 +37,7 @@ import json
 import logging
 import math
 import os
-import shutil
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -45,7 +45,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from vitpose.files import replace_dir
+from vitpose.files import readable_mode, replace_dir
 
 from .coco_index import CocoIndex
 from .errors import DataError
@@ -326,9 +326,9 @@ def build_crop_cache(index: CocoIndex, img_dir, path, input_size=(192, 256), num
     sizes = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1]) * 3
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
     total = int(sizes.sum())
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    path.parent.mkdir(parents=True, exist_ok=True)  # a new, private folder with a random name (never a planted one)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    os.chmod(tmp, readable_mode() | (readable_mode() & 0o444) >> 2)  # mkdtemp's 0700 -> what mkdir gives (0755)
     pixels = np.lib.format.open_memmap(tmp / PIXELS_FILE, mode="w+", dtype=np.uint8, shape=(max(total, 1),))
     del pixels
 

@@ -16,6 +16,8 @@ import math
 import cv2
 import numpy as np
 
+from ..codecs.decode import crop_to_image  # the inverse mapping lives with the decode; kept importable here
+
 __all__ = [
     "bbox_xywh2xyxy",
     "bbox_xyxy2cs",
@@ -188,28 +190,6 @@ def transform_points(points, matrix):
     for index in np.ndindex(*matrix.shape[:-2]):
         out[index] = transform_points(points[index], matrix[index])
     return out
-
-
-def crop_to_image(keypoints, center, scale, input_size=(192, 256)):
-    """Map decoded keypoints from crop (input) pixels to image pixels, as MMPose's top-down
-    estimator does: kpt / input_size * scale + center - 0.5 * scale.
-
-    keypoints (..., K, 2), center and scale (..., 2) of the crop box. Works on numpy arrays and
-    torch tensors. Together with the UDP decode (x_hm / (W - 1) * w) this is the official UDP
-    mapping x_hm * S_w / (W - 1) + c_x - S_w / 2.
-    """
-    if hasattr(keypoints, "new_tensor"):  # torch
-        size = keypoints.new_tensor(tuple(input_size))
-        center = keypoints.new_tensor(center) if not hasattr(center, "new_tensor") else center.to(keypoints)
-        scale = keypoints.new_tensor(scale) if not hasattr(scale, "new_tensor") else scale.to(keypoints)
-    else:
-        keypoints = np.asarray(keypoints)
-        size = np.asarray(input_size)
-        center = np.asarray(center)
-        scale = np.asarray(scale)
-    center = center[..., None, :]
-    scale = scale[..., None, :]
-    return keypoints / size * scale + center - 0.5 * scale
 
 
 def person_boxes_to_center_scale(boxes, box_format: str = "xyxy", image_shape=None):

@@ -142,4 +142,18 @@ def read_image_size(path, record=None) -> tuple[int, int]:
     return int(width), int(height)
 
 
-__all__ = ["read_bytes", "check_complete", "decode_image", "load_image", "is_jpeg", "read_image_size"]
+def exif_orientation(path) -> int:
+    """The EXIF orientation of an image file (1: upright or none; 2-8: OpenCV turns or mirrors the
+    pixels on decoding), read from the header only; 1 when the header cannot be read."""
+    from PIL import Image  # noqa: PLC0415
+
+    try:
+        with Image.open(path) as img:
+            orientation = img.getexif().get(_EXIF_ORIENTATION, 1)
+    except Exception:  # noqa: BLE001 - any unreadable header: the decoder reports the file itself
+        return 1
+    return orientation if isinstance(orientation, int) and 1 <= orientation <= 8 else 1
+
+
+__all__ = ["read_bytes", "check_complete", "decode_image", "load_image", "is_jpeg", "read_image_size",
+           "exif_orientation"]

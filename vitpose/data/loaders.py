@@ -289,11 +289,35 @@ def cv2_threads_parked():
         cv2.setNumThreads(threads)
 
 
+# Ctrl-C reaches the whole foreground process group, and `timeout`, `kill -- -PGID`, systemd's
+# stop and Slurm's job signals send SIGTERM to the whole group. Only the main process acts on
+# them (it finishes the step, saves, then shuts the pool down); a worker would otherwise run the
+# handler it inherited (announce a stop it cannot carry out) or, without one, die and break the
+# step in flight (and the save with it).
+WORKER_IGNORED_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM") if hasattr(signal, n))
+
+
+@contextlib.contextmanager
+def worker_signals_deferred() -> Iterator[None]:
+    """Around the fork of the worker pool: SIGINT/SIGTERM are blocked in the forking thread, so a
+    worker is born with them blocked and cannot die of one before `_init_worker` ignores them
+    (a signal that came in between stays pending and is discarded once ignored). The main
+    process gets its own pending signal when the block is lifted."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, WORKER_IGNORED_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def _init_worker(worker_id: int, seed: int, rank: int) -> None:
-    # Ctrl-C reaches the whole foreground process group. Only the main process acts on it (it
-    # finishes the step and saves); a forked worker would otherwise run the handler it inherited
-    # (announce a stop it cannot carry out) or, without one, die and break the step in flight.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for signum in WORKER_IGNORED_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, WORKER_IGNORED_SIGNALS)
     # One thread per worker: N workers x M library threads on N cores only thrash.
     torch.set_num_threads(1)
     try:
@@ -436,7 +460,7 @@ class Loaders:
             return
         self._sampler.plan = keys
         if self._loader._iterator is None and self.num_workers > 0:
-            with cv2_threads_parked():  # the first iter() forks the pool
+            with cv2_threads_parked(), worker_signals_deferred():  # the first iter() forks the pool
                 batches = iter(self._loader)
         else:
             batches = iter(self._loader)  # persistent workers: the same pool, reset to the new plan

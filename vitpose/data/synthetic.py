@@ -495,7 +495,9 @@ def _person_category(names=KEYPOINT_NAMES, skeleton=SKELETON) -> dict:
 # Keypoints COCO does not have, placed halfway between two COCO joints (a skeleton that shares
 # some joints with COCO and adds new ones: the fine-tuning evidence, configs/demo_k7.yaml). A
 # midpoint is labelled only where both ends are, with the lower of their visibilities.
-MIDPOINTS = {"neck": ("left_shoulder", "right_shoulder"), "mid_hip": ("left_hip", "right_hip")}
+# The forearms' midpoints make the 21-keypoint set of configs/demo_hand21.yaml (a K of MMPose's hand sets).
+MIDPOINTS = {"neck": ("left_shoulder", "right_shoulder"), "mid_hip": ("left_hip", "right_hip"),
+             "left_forearm": ("left_elbow", "left_wrist"), "right_forearm": ("right_elbow", "right_wrist")}
 
 
 def keypoint_columns(dataset_info) -> list:

@@ -1,8 +1,9 @@
 """The prediction loop shared by train.py (validation) and evaluate.py.
 
 `predict` turns batches of uint8 crops into the prediction dicts that `CocoEvaluator` takes:
-normalise on the device -> model (the crop and its mirror as ONE batch when flip testing) ->
-UDP decode (vectorised, on the host) -> image pixels, with the same helpers as
+normalise on the device with the model's pixel mean/std -> model (the crop and its mirror as ONE
+batch when flip testing) -> the codec's decode (vectorised, on the host) -> image pixels, with the
+same helpers as
 `vitpose.Predictor` (vitpose/inference/predictor.py). Every step is MMPose's top-down `predict()`
 (tests/test_evaluate.py checks it against model_vitpose_s_io.npz).
 
@@ -17,8 +18,9 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import torch
 
+from vitpose.codecs.decode import decode_to_image
 from vitpose.evaluation.coco_evaluator import STAT_NAMES
-from vitpose.topdown import forward_heatmaps, heatmaps_to_keypoints
+from vitpose.topdown import forward_heatmaps
 
 
 def _numpy(value, dtype=None) -> np.ndarray:
@@ -52,7 +54,7 @@ def _batch_meta(batch: dict) -> dict:
 def _decode(heatmaps: torch.Tensor, ready, meta: dict, codec) -> list[dict]:
     if ready is not None:
         ready.synchronize()
-    keypoints, scores = heatmaps_to_keypoints(heatmaps.numpy(), meta["center"], meta["scale"], codec)
+    keypoints, scores = decode_to_image(codec, heatmaps.numpy(), meta["center"], meta["scale"])
     predictions = []
     for i in range(len(keypoints)):
         pred = {"id": int(meta["id"][i]), "image_id": int(meta["image_id"][i]),
@@ -73,7 +75,8 @@ def predict(model, batches: Iterable[dict], codec, flip_test: bool = True, devic
 
     batches: dicts of batched CocoKeypoints samples ("image" uint8 (B, 3, h, w) RGB, "id",
         "image_id", "center", "scale", "bbox_score", and "area"/"bbox" when present).
-    codec: a UDPHeatmap (anything with `batch_decode` and `input_size`).
+    codec: the model's codec (`spec.build_codec()`: anything with `batch_decode`, `input_size` and
+        `flip_shift`, which also says whether the flip test shifts the flipped-back maps).
     device: where the model runs (default: the device of its parameters).
     amp_dtype: torch.bfloat16 / torch.float16 for autocast, None for full precision.
     Returns the local process's predictions; gathering across processes is the caller's job.
@@ -90,7 +93,8 @@ def predict(model, batches: Iterable[dict], codec, flip_test: bool = True, devic
         for batch in batches:
             meta = _batch_meta(batch)
             images = batch["image"].to(device, non_blocking=True)
-            heatmaps = forward_heatmaps(model, images, flip_test, amp_dtype, flip_indices)
+            heatmaps = forward_heatmaps(model, images, flip_test, amp_dtype, flip_indices,
+                                        getattr(codec, "flip_shift", None))
             ready = None
             if device.type == "cuda":
                 heatmaps = heatmaps.to("cpu", non_blocking=True)

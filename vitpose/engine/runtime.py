@@ -2,7 +2,9 @@
 
 - SIGHUP (the terminal or ssh session went away) is ignored.
 - SIGTERM / SIGINT set a flag: the loop finishes the current step, saves a checkpoint and exits
-  with status 0 (`--resume auto` continues exactly). A second Ctrl-C stops at once.
+  with status 0 (`--resume auto` continues exactly). A second Ctrl-C stops at once. A signal to
+  the whole process group (Ctrl-C, `timeout`, `kill -- -PGID`, a scheduler's stop) reaches the
+  loader workers too; they ignore both (`vitpose.data.loaders`), so only this flag acts on it.
 - `detach` restarts the same command in a new session (no controlling terminal, stdin closed,
   output appended to WORK_DIR/train.log) and returns, printing the PID and the log path.
 - `run_guard` installs a `RunOutput` as stdout/stderr for the run. It is the one owner of

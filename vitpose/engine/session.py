@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import sys
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,10 +129,22 @@ def set_up_model(cfg: Config, ctx: D.DistContext, resume: str | None, batches_pe
     """The model (with `model.pretrained` loaded), optimizer with its schedule, precision, and the
     position: resumed (the checkpoint must fit this config) before the model is wrapped for DDP."""
     model = build_model_from_config(cfg.model, skeleton)  # carries its ModelSpec into every checkpoint
-    if cfg.model.pretrained:
-        load_pretrained(model, cfg.model.pretrained, ctx.is_main)
-    if cfg.model.init:  # fine-tuning: backbone from the source, head channels by keypoint name
-        init_from_source(model, cfg, skeleton, Path(cfg.train.work_dir), ctx.is_main)
+    found = find_resume_point(resume, Path(cfg.train.work_dir), ctx.is_main) if resume else None
+    if found is None:
+        if cfg.model.pretrained:
+            load_pretrained(model, cfg.model.pretrained, ctx.is_main)
+        if cfg.model.init:  # fine-tuning: backbone from the source, head channels by keypoint name
+            init_from_source(model, cfg, skeleton, Path(cfg.train.work_dir), ctx.is_main)
+    elif ctx.is_main:
+        # The checkpoint holds every weight (loaded strictly below), so the sources are not read
+        # again: a resume needs neither the init file nor the network, and init_keypoints.txt
+        # keeps recording what the run really started from.
+        for field, source in (("model.pretrained", cfg.model.pretrained), ("model.init", cfg.model.init)):
+            if source:
+                print(f"resuming: {field} = {source!r} is not read again (the checkpoint holds every weight)")
+    if ctx.is_main:
+        for warning in freeze_warnings(cfg):
+            print(f"warning: {warning}", file=sys.stderr)
     model.to(ctx.device)
     global_batch = cfg.loader.batch_size * ctx.world_size * cfg.optim.accum_steps
     optimizer, schedule = build_optimizer(model, cfg.optim, cfg.schedule, global_batch)
@@ -142,9 +155,24 @@ def set_up_model(cfg: Config, ctx: D.DistContext, resume: str | None, batches_pe
     if precision.note and ctx.is_main:
         print(precision.note)
     state = TrainState()
-    if resume:
-        state = resume_from(resume, Path(cfg.train.work_dir), cfg, model, optimizer, precision, ctx, batches_per_epoch)
+    if found is not None:
+        state = resume_from(found, cfg, model, optimizer, precision, ctx, batches_per_epoch)
     return TrainRun(model, wrap_for_training(model, cfg, ctx), optimizer, schedule, precision, ctx, state)
+
+
+def freeze_warnings(cfg: Config) -> list[str]:
+    """`train.freeze_backbone_epochs` settings that cannot help: a backbone frozen for the whole
+    run, or a randomly initialised one frozen (its random features would stay fixed)."""
+    frozen, epochs = cfg.train.freeze_backbone_epochs, cfg.schedule.epochs
+    warnings = []
+    if frozen and frozen >= epochs:
+        warnings.append(f"train.freeze_backbone_epochs={frozen} with schedule.epochs={epochs}: the backbone "
+                        f"never trains in this run, only the head does; set it below {epochs} to fine-tune "
+                        f"the backbone too")
+    if frozen and not (cfg.model.init or cfg.model.pretrained):
+        warnings.append(f"train.freeze_backbone_epochs={frozen} freezes a randomly initialised backbone "
+                        f"(neither model.init nor model.pretrained is set); give --init SOURCE or set it to 0")
+    return warnings
 
 
 def wrap_for_training(model, cfg: Config, ctx: D.DistContext):
@@ -247,16 +275,21 @@ def load_pretrained(model, source: str, is_main: bool) -> None:
               f"not in the file: {len(report.missing)} tensors (e.g. the head when it is an MAE backbone)")
 
 
-def resume_from(resume: str, work_dir: Path, cfg: Config, model, optimizer, precision, ctx: D.DistContext,
-                batches_per_epoch: int) -> TrainState:
-    """The TrainState of the checkpoint named by `--resume` (auto: the one in the work dir that
-    records the most progress; a fresh TrainState when there is none), with everything else loaded
-    into the run. A mid-epoch position saved with another batch size is converted by samples."""
-    found = (checkpoint.find_resume_checkpoint(work_dir) if resume == "auto"
-             else (Path(resume), checkpoint.load_checkpoint(resume)))
-    if found is None:
+def find_resume_point(resume: str, work_dir: Path, is_main: bool = True) -> tuple[Path, dict] | None:
+    """The checkpoint named by `--resume` (auto: the one in the work dir that records the most
+    progress; None when there is none) and its contents."""
+    if resume != "auto":
+        return Path(resume), checkpoint.load_checkpoint(resume)
+    found = checkpoint.find_resume_checkpoint(work_dir)
+    if found is None and is_main:
         print(f"--resume auto: no valid checkpoint in {work_dir}, starting from scratch")
-        return TrainState()
+    return found
+
+
+def resume_from(found: tuple[Path, dict], cfg: Config, model, optimizer, precision, ctx: D.DistContext,
+                batches_per_epoch: int) -> TrainState:
+    """The TrainState of the checkpoint `found` (`find_resume_point`), with everything else loaded
+    into the run. A mid-epoch position saved with another batch size is converted by samples."""
     path, saved = found
     # With several processes each rank draws its own drop-path masks, so the saved (rank 0)
     # random state is not restored; each rank reseeds from the position instead.

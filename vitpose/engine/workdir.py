@@ -49,7 +49,13 @@ def claim_work_dir(work_dir: str | Path, resume: str | None, overwrite: bool = F
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     lock_path = work_dir / LOCK_NAME
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:  # never through a link planted at the lock's name: the lock file is truncated and written
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        raise WorkDirError(f"{lock_path} is a symbolic link, not this project's lock file; delete it (or choose "
+                           f"another --work-dir)") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:

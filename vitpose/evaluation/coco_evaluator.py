@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from vitpose.coco_meta import SIGMAS
+from vitpose.codecs.decode import instance_scores  # the rescoring rule, shared with inference (kept importable here)
 from vitpose.errors import UserError
 from vitpose.evaluation.nms import oks_nms, soft_oks_nms
 from vitpose.files import write_atomic
@@ -496,27 +497,6 @@ class CocoEvaluator:
     def write_results(self, predictions: Sequence[dict], path) -> Path:
         """Write the COCO keypoint results JSON (after the protocol) that `evaluate` scores."""
         return write_atomic(path, json.dumps(self.results(predictions)))
-
-
-def instance_scores(keypoint_scores, bbox_scores, keypoint_score_thr: float = 0.2) -> np.ndarray:
-    """MMPose's instance score: bbox_score x mean of the keypoint scores above the threshold (0 when none are).
-
-    keypoint_scores (..., K), bbox_scores (...) -> (...) float64. MMPose compares one numpy
-    float32 score at a time with the Python float threshold, which NumPy 1.x does in float64:
-    a score of exactly float32(0.2) (0.2000000030) is above 0.2. So the comparison here is in
-    float64 whatever the scores' dtype (docs/mmpose-edge-cases.md §2). `vitpose predict --json`
-    scores its records with this function too, so the two commands agree.
-    """
-    bbox_scores = np.asarray(bbox_scores, dtype=np.float64)
-    scores = np.asarray(keypoint_scores, dtype=np.float64)
-    confident = scores > keypoint_score_thr
-    count = confident.sum(axis=-1)
-    # MMPose adds the confident scores one by one, left to right, in float64; a cumulative sum
-    # adds in that order (adding 0.0 for the others changes nothing), where np.sum would pair.
-    total = np.cumsum(np.where(confident, scores, 0.0), axis=-1)[..., -1] if scores.shape[-1] else \
-        np.zeros(scores.shape[:-1])
-    mean = np.divide(total, count, out=np.zeros_like(total), where=count > 0)
-    return bbox_scores * mean
 
 
 def score_with_cocoeval(coco, results: list[dict], sigmas: np.ndarray) -> list[float]:

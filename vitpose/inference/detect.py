@@ -10,10 +10,13 @@ Choice of defaults (torchvision's published COCO val2017 box mAP and GFLOPs per 
 Every detector here is torchvision's own (BSD-3); nothing is AGPL. Weights download through
 torchvision's cache (`$TORCH_HOME/hub/checkpoints`) only when a detector is built by name.
 
-Classes: the detector keeps the classes the pose model is for: COCO's animal classes (bird, cat,
-dog, horse, sheep, cow, elephant, bear, zebra, giraffe) for AP-10K / APT-36K skeletons, person for
-every other skeleton (`detector_labels`); `--det-classes` / `det_classes=` names others, by COCO
-name or torchvision label id.
+Classes: the detector keeps the classes the model's skeleton names (its `detector_classes`:
+person for COCO, AIC, MPII and whole-body; COCO's animal classes bird, cat, dog, horse, sheep, cow,
+elephant, bear, zebra, giraffe for AP-10K / APT-36K; a user's skeleton file says, see
+vitpose/data/metainfo.py). A skeleton that names none (`full-frame`, the default of a skeleton
+whose keypoints are no built-in's: hands, faces, ...) is cropped as the whole image: the "default"
+detector is then `FullFrame` (`detector_labels` gives no class). `--det-classes` / `det_classes=`
+names classes instead, by COCO name or torchvision label id (`detector_labels`).
 
 A detector is a callable `detector(images, channels="rgb") -> [Detections(boxes, scores), ...]`:
 one entry per image, boxes (M, 4) float32 xyxy image pixels, scores (M,) float32, highest score
@@ -34,7 +37,7 @@ import torch
 
 from vitpose.inference.results import Detections, FullFrame
 
-__all__ = ["ANIMAL_LABELS", "ANIMAL_SKELETONS", "DETECTORS", "DetectorInfo", "Detections", "FullFrame", "PersonDetector",
+__all__ = ["ANIMAL_LABELS", "DETECTORS", "DetectorInfo", "Detections", "FullFrame", "PersonDetector",
            "build_detector", "coco_label_names", "default_detector_name", "detector_labels", "make_detector",
            "parse_det_classes"]
 
@@ -42,8 +45,11 @@ PERSON_LABEL = 1  # COCO category id of "person" in torchvision's 91-entry label
 # COCO's animal classes (supercategory "animal": bird .. giraffe, ids 16-25 in torchvision's label
 # space): what AP-10K's and APT-36K's animals are found as by a COCO detector.
 ANIMAL_LABELS = (16, 17, 18, 19, 20, 21, 22, 23, 24, 25)
-ANIMAL_SKELETONS = ("ap10k", "apt36k")  # `DatasetInfo.name` of the animal skeletons
 DEFAULT_SCORE_THRESHOLD = 0.3  # MMPose's top-down demo (`--bbox-thr 0.3`)
+# An image whose longest side is more than this many times the detector's working side is shrunk
+# (in uint8) before the detector converts it to float (PersonDetector._shrunk). 2: images up to
+# ~2666 px are given as they are (the numbers of ordinary photos and video frames do not change).
+SHRINK_ABOVE = 2.0
 
 
 @dataclass(frozen=True)
@@ -119,6 +125,36 @@ class PersonDetector:
         self.person_label = int(person_label)
         self.labels = tuple(int(label) for label in labels) if labels is not None else (self.person_label,)
 
+    def working_side(self) -> int | None:
+        """The longest image side the model's own transform resizes to (torchvision's
+        GeneralizedRCNNTransform: `max_size`, `min_size`, `fixed_size`), None when it has none."""
+        transform = getattr(self.model, "transform", None)
+        sides = [getattr(transform, "max_size", None), *(getattr(transform, "min_size", None) or ()),
+                 *(getattr(transform, "fixed_size", None) or ())]
+        sides = [int(side) for side in sides if side]
+        return max(sides) if sides else None
+
+    def _shrunk(self, image: np.ndarray) -> tuple[np.ndarray, float, float]:
+        """The image the detector is given and the factors (x, y) back to the image's pixels.
+
+        torchvision's detectors resize every image to their working size (~800 x 1333) inside the
+        model, but only after converting it to float and normalising it at full size: 4 bytes a
+        channel, in two or three copies, so a 12000x9000 photo took 3.6 GB for the detector alone.
+        An image more than SHRINK_ABOVE times the working side is shrunk first, in uint8 (area
+        averaging), to that side: the model still shrinks the rest of the way itself, so its input
+        is never smaller than what it would have used, and smaller images are given as they are.
+        """
+        side = self.working_side()
+        height, width = image.shape[:2]
+        if side is None or max(height, width) <= SHRINK_ABOVE * side:
+            return image, 1.0, 1.0
+        import cv2
+
+        factor = side / max(height, width)
+        size = (max(1, round(width * factor)), max(1, round(height * factor)))
+        small = cv2.resize(image, size, interpolation=cv2.INTER_AREA)
+        return small, width / size[0], height / size[1]
+
     def _as_input(self, image: np.ndarray, channels: str) -> torch.Tensor:
         # Upload uint8 (4x fewer bytes) and convert on the device.
         t = torch.from_numpy(np.ascontiguousarray(image)).to(self.device, non_blocking=True)
@@ -141,8 +177,13 @@ class PersonDetector:
             raise ValueError(f"channels must be 'rgb' or 'bgr', got {channels!r}")
         found: list[Detections] = []
         for start in range(0, len(images), self.batch_size):
-            batch = [self._as_input(image, channels) for image in images[start:start + self.batch_size]]
-            found += [self._people(out) for out in self.model(batch)]
+            shrunk = [self._shrunk(image) for image in images[start:start + self.batch_size]]
+            outputs = self.model([self._as_input(image, channels) for image, _, _ in shrunk])
+            for output, (_, fx, fy) in zip(outputs, shrunk):
+                people = self._people(output)
+                if fx != 1.0 or fy != 1.0:  # back to the pixels of the image given
+                    people.boxes[:] *= np.array([fx, fy, fx, fy], np.float32)
+                found.append(people)
         return found
 
 
@@ -192,12 +233,17 @@ def make_detector(detector, device=None, score_threshold: float = DEFAULT_SCORE_
     None / "none": no detector (boxes come from the caller). "full-frame": `FullFrame()`.
     "default": `default_detector_name(device)`. Another string: `build_detector(name)`.
     A callable (e.g. a PersonDetector) is used as it is.
-    labels: the classes a detector built here keeps (default: person; see `detector_labels`).
+    labels: the classes a detector built here keeps (default: person; see `detector_labels`); () =
+        the skeleton names none (full-frame): "default" is then `FullFrame()`, a named detector is
+        refused (it needs classes to keep).
     """
     if detector is None or detector == "none":
         return None
-    if detector == "full-frame":
+    if detector == "full-frame" or (detector == "default" and labels is not None and len(labels) == 0):
         return FullFrame()
+    if isinstance(detector, str) and labels is not None and len(labels) == 0:
+        raise ValueError(f"detector {detector!r}: the model's skeleton names no classes to detect (its "
+                         "detector_classes is full-frame); name them with --det-classes (det_classes=), e.g. person")
     if isinstance(detector, str):
         name = default_detector_name(device or "cpu") if detector == "default" else detector
         return build_detector(name, device=device, score_threshold=score_threshold, labels=labels)
@@ -242,9 +288,15 @@ def parse_det_classes(values: Sequence[str | int]) -> tuple[int, ...]:
 
 def detector_labels(skeleton=None, det_classes: Sequence[str | int] | None = None) -> tuple[int, ...]:
     """The classes a detector keeps for a pose model: `det_classes` when given (`parse_det_classes`);
-    else COCO's animal classes for an AP-10K / APT-36K skeleton (a `DatasetInfo` or its name), person
-    for every other skeleton (COCO, AIC, MPII, whole-body, a user's own) and for None."""
+    else the skeleton's `detector_classes` (a `DatasetInfo`, or a built-in's name): () when it names
+    none (full-frame: the whole image is the instance; see `make_detector`); person for None."""
     if det_classes is not None:
         return parse_det_classes(det_classes)
-    name = skeleton if isinstance(skeleton, str) or skeleton is None else getattr(skeleton, "name", None)
-    return ANIMAL_LABELS if name in ANIMAL_SKELETONS else (PERSON_LABEL,)
+    if skeleton is None:
+        return (PERSON_LABEL,)
+    if isinstance(skeleton, str):
+        from vitpose.data.metainfo import dataset_info
+
+        skeleton = dataset_info(skeleton)
+    classes = skeleton.detector_classes
+    return parse_det_classes(classes) if classes else ()

@@ -8,9 +8,16 @@ evaluation run). Only a file that passes is moved to `path`; otherwise the stage
 and `GateError` says by how much and where (batch item, keypoint, heatmap pixel) it differed.
 
 The exported graph: normalised float32 RGB crops (N, 3, h, w) named `input` -> float32 heatmaps
-(N, K, h/4, w/4) named `heatmaps`. Normalisation stays outside the graph (the same `(x - mean) /
-std` on every runtime); the flip test can be baked in (`flip_test=True`); with `fp16=True` the
-weights and the arithmetic are float16 while the graph's input and output stay float32.
+(N, K, h/4, w/4) named `heatmaps`. Normalisation stays outside the graph (the same
+`vitpose.data.pixels.normalize_images` with the spec's mean/std on every runtime); the flip test can
+be baked in (`flip_test=True`: `vitpose.flip_test` itself, with the codec's shift); with
+`fp16=True` the weights and the arithmetic are float16 while the graph's input and output stay float32.
+
+What the file records: the model's `ModelSpec` (ONNX metadata / `.pt2` extra file
+`vitpose.model_spec`: sizes, codec, pixel mean/std, skeleton and flip order), the only description
+of the model, and `vitpose.export`, how the graph itself was made (flip test inside, precision,
+batch, vitpose version). Files of earlier versions also carry nine loose keys (`vitpose.pixel_mean`,
+`vitpose.codec`, `vitpose.flip_indices`, ...); `OnnxPredictor` still reads those when a file has no spec.
 
 Which ONNX exporter: torch 2.14's `torch.onnx.export(..., dynamo=True)` (the default since 2.9),
 which goes through `torch.export`. The TorchScript exporter (`dynamo=False`) also runs this ViT,
@@ -38,23 +45,24 @@ import numpy as np
 import torch
 from torch import nn
 
-from vitpose.coco_meta import FLIP_INDICES, KEYPOINT_NAMES, PIXEL_MEAN, PIXEL_STD
-from vitpose.codecs.udp import UDPHeatmap
-from vitpose.data.loaders import normalize_images
-from vitpose.errors import UserError
+from vitpose.coco_meta import FLIP_INDICES, KEYPOINT_NAMES
+from vitpose.data.pixels import normalize_images
+from vitpose.errors import EXIT_FAILED, EXIT_OK, UserError
 from vitpose.files import staged_files
-from vitpose.models.spec import METADATA_KEY, spec_of_model
+from vitpose.models.spec import METADATA_KEY, ModelSpec, spec_of_model
+from vitpose.models.vitpose import flip_test as run_flip_test
 from vitpose.models.wrappers import unwrap_model
-from vitpose.topdown import forward_heatmaps
+from vitpose.topdown import forward_heatmaps, model_input_spec
 
-__all__ = ["FORMATS", "ExportGraph", "GateError", "GateReport", "GateRun", "MissingDependencyError",
-           "check_export", "export", "gate_crops", "own_flip_indices", "read_export_spec", "to_exported_program",
-           "to_onnx"]
+__all__ = ["EXPORT_KEY", "FORMATS", "ExportFileError", "ExportGraph", "ExportUsageError", "GateDataError", "GateError",
+           "GateReport", "GateRun", "MissingDependencyError", "OpsetError", "check_export", "export", "gate_crops",
+           "own_flip_indices", "read_export_spec", "to_exported_program", "to_onnx"]
 
 FORMATS = ("onnx", "pt2")
 EXTRA_HINT = 'pip install "vitpose[export]"'
 ONNX_MODULES = ("onnx", "onnxscript", "onnxruntime")
 INPUT_NAME, OUTPUT_NAME = "input", "heatmaps"
+EXPORT_KEY = "vitpose.export"  # how the graph was made: {"flip_test", "precision", "batch", "version"}
 
 # The gate. float32: the issue's bound; measured 7.6e-6 (classic) and 1.3e-5 (simple) for
 # ViTPose-S on coco-mini crops with heatmaps of std ~1.5 and peaks ~7 (onnxruntime 1.32 CPU).
@@ -83,14 +91,31 @@ class MissingDependencyError(UserError, ImportError):
     """An optional package of the `export` extra is not installed."""
 
 
+class ExportFileError(UserError, ValueError):
+    """An exported file's recorded spec or export facts that cannot be read (names the file and key)."""
+
+
 class GateError(UserError, RuntimeError):
-    """The exported file did not run equal to PyTorch; it was deleted. `.report` has the figures."""
+    """The exported file did not run equal to PyTorch; it was deleted. `.report` has the figures
+    (the message too, unless `message` says it in one line: `vitpose export`, which printed them)."""
 
-    exit_status = 1  # the input was fine; the export is what failed
+    exit_status = EXIT_FAILED  # the input was fine; the export is what failed
 
-    def __init__(self, report: GateReport):
-        super().__init__("\n".join(report.lines()))
+    def __init__(self, report: GateReport, message: str | None = None):
+        super().__init__("\n".join(report.lines()) if message is None else message)
         self.report = report
+
+
+class GateDataError(UserError, FileNotFoundError):
+    """`--gate-data` (gate_crops' `data`) is not a COCO keypoint folder with person instances."""
+
+
+class ExportUsageError(UserError, ValueError):
+    """A flag of `vitpose export` that cannot work as given (format and suffix)."""
+
+
+class OpsetError(ExportUsageError):
+    """An ONNX opset (`opset=`, `--opset`) the exporter cannot write the model in."""
 
 
 def require(modules: Sequence[str] = ONNX_MODULES, what: str = "ONNX export") -> None:
@@ -115,24 +140,23 @@ class ExportGraph(nn.Module):
         flip_indices: left/right channel order (None: COCO-17).
         fp16: run the model in float16 (the caller passes a float16 model); input and output
             stay float32 so consumers need not know.
+        flip_shift: the codec's flip-test shift (`codec.flip_shift`: MSRA True, UDP False).
+    The flip test is `vitpose.flip_test` itself (one definition for eager, ONNX and torch.export).
     """
 
     def __init__(self, model: nn.Module, flip_test: bool = False, flip_indices: Sequence[int] | None = None,
-                 fp16: bool = False):
+                 fp16: bool = False, flip_shift: bool = False):
         super().__init__()
         self.model = model
         self.flip_test = bool(flip_test)
         self.flip_indices = [int(i) for i in (FLIP_INDICES if flip_indices is None else flip_indices)]
         self.fp16 = bool(fp16)
+        self.flip_shift = bool(flip_shift)
 
     def forward(self, images):
         x = images.half() if self.fp16 else images
         if self.flip_test:
-            n = x.shape[0]
-            heatmaps = self.model(torch.cat([x, x.flip(-1)]))
-            # Slices, not `chunk(2)`: torch.export proves `chunk` of 2N rows specialises N.
-            mirrored = heatmaps[n:].flip(-1)[:, self.flip_indices]
-            heatmaps = (heatmaps[:n] + mirrored) * 0.5
+            heatmaps = run_flip_test(self.model, x, self.flip_indices, self.flip_shift)
         else:
             heatmaps = self.model(x)
         return heatmaps.float()
@@ -146,12 +170,13 @@ def _plain_copy(model: nn.Module, fp16: bool) -> nn.Module:
     return model.half() if fp16 else model
 
 
-def _input_size(model: nn.Module, codec) -> tuple[int, int]:
-    """(w, h) of the crops: the codec's, else the backbone's position-embedding size."""
-    if codec is not None:
-        return tuple(int(s) for s in codec.input_size)
-    h, w = unwrap_model(model).backbone.patch_embed.img_size
-    return int(w), int(h)
+def _model_spec(model: nn.Module, codec=None) -> ModelSpec:
+    """The model's ModelSpec (its `.spec`, else read from its modules), with the codec the export is
+    made for when one is given: what the file records and what the gate runs."""
+    if codec is None:
+        return spec_of_model(model)
+    return spec_of_model(model, codec=type(codec).__name__, sigma=float(codec.sigma),
+                         input_size=tuple(codec.input_size), heatmap_size=tuple(codec.heatmap_size))
 
 
 def _check_batch(batch) -> str | int:
@@ -176,40 +201,30 @@ def own_flip_indices(model: nn.Module) -> list[int] | None:
     return [int(i) for i in spec.skeleton["flip_indices"]]
 
 
-def _spec_json(model: nn.Module, codec) -> str:
-    """The model's ModelSpec as JSON, with the codec the export is made for."""
-    return spec_of_model(model, codec=type(codec).__name__, sigma=float(codec.sigma),
-                         input_size=tuple(codec.input_size), heatmap_size=tuple(codec.heatmap_size)).to_json()
+def _recorded_spec(spec: ModelSpec, flip_indices, num_keypoints: int) -> ModelSpec:
+    """The spec a file records: the model's, with a skeleton whose flip order is the export's.
+
+    A model without a recorded skeleton gets a bare one when the export knows its flip order
+    (given, or COCO's for 17 keypoints), so that a consumer never has to guess it."""
+    if flip_indices is None and num_keypoints == len(FLIP_INDICES):
+        flip_indices = FLIP_INDICES
+    if flip_indices is None:
+        return spec
+    order = [int(i) for i in flip_indices]
+    if spec.skeleton is not None:
+        return spec.replace(skeleton={**spec.skeleton, "flip_indices": order})
+    names = list(KEYPOINT_NAMES) if num_keypoints == len(KEYPOINT_NAMES) else [f"keypoint_{k}" for k in
+                                                                               range(num_keypoints)]
+    name = "coco" if order == list(FLIP_INDICES) and num_keypoints == len(FLIP_INDICES) else "unnamed"
+    return spec.replace(skeleton={"name": name, "keypoint_names": names, "flip_indices": order})
 
 
-def _metadata(codec, flip_test, flip_indices, fp16, batch, num_keypoints, spec_json: str) -> dict[str, str]:
-    """What a consumer needs besides the graph (ONNX metadata_props; OnnxPredictor reads them)."""
+def _export_facts(flip_test: bool, fp16: bool, batch) -> str:
+    """How the graph was made (`EXPORT_KEY`): what a consumer needs besides the model's spec."""
     from vitpose import __version__
 
-    return {
-        METADATA_KEY: spec_json,
-        "vitpose.version": __version__,
-        "vitpose.input": "float32 (N, 3, h, w) RGB crops, (pixel - pixel_mean) / pixel_std, UDP-warped",
-        "vitpose.pixel_mean": json.dumps(list(PIXEL_MEAN)),
-        "vitpose.pixel_std": json.dumps(list(PIXEL_STD)),
-        "vitpose.input_size": json.dumps(list(codec.input_size)),
-        "vitpose.heatmap_size": json.dumps(list(codec.heatmap_size)),
-        "vitpose.codec": type(codec).__name__,
-        "vitpose.codec_sigma": json.dumps(float(codec.sigma)),
-        "vitpose.codec_blur_kernel_size": json.dumps(int(getattr(codec, "blur_kernel_size", 11))),
-        "vitpose.num_keypoints": str(num_keypoints),
-        "vitpose.flip_test": "1" if flip_test else "0",
-        "vitpose.flip_indices": json.dumps(_flip_indices_of(flip_indices, num_keypoints)),
-        "vitpose.precision": "float16" if fp16 else "float32",
-        "vitpose.batch": str(batch),
-    }
-
-
-def _flip_indices_of(flip_indices, num_keypoints: int) -> list[int] | None:
-    """The left/right order to record: the given one, COCO's for 17 keypoints, else unknown (None)."""
-    if flip_indices is not None:
-        return [int(i) for i in flip_indices]
-    return list(FLIP_INDICES) if num_keypoints == len(FLIP_INDICES) else None
+    return json.dumps({"flip_test": bool(flip_test), "precision": "float16" if fp16 else "float32",
+                       "batch": batch, "version": __version__}, sort_keys=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -225,8 +240,8 @@ def _coco_files(data: Path) -> tuple[Path, Path]:
     objects = [p for p in sorted(data.glob("*.json")) if _first_char(p) == "{"]
     if len(objects) == 1:
         return objects[0], data
-    raise FileNotFoundError(
-        f"gate data {data}: expected annotations/person_keypoints_val2017.json (+ val2017/) or one "
+    raise GateDataError(
+        f"--gate-data {data}: expected annotations/person_keypoints_val2017.json (+ val2017/) or one "
         f"COCO annotation JSON beside its images; found {len(objects)} JSON objects: {[p.name for p in objects]}")
 
 
@@ -241,7 +256,7 @@ def _crops_from(ann_file: Path, img_dir: Path, input_size, count: int, source: s
     dataset = CocoKeypoints(ann_file, img_dir, train=False, input_size=input_size,
                             heatmap_size=(input_size[0] // 4, input_size[1] // 4))
     if len(dataset) == 0:
-        raise ValueError(f"gate data {source}: no person instances with keypoints in {ann_file}")
+        raise GateDataError(f"--gate-data {source}: no person instances with keypoints in {ann_file}")
     samples = [dataset[i] for i in range(min(count, len(dataset)))]
     crops = torch.stack([s["image"] for s in samples])
     labels = [f"image {s['image_id']} instance {s['id']}" for s in samples]
@@ -260,7 +275,7 @@ def gate_crops(data: str | Path | None = None, input_size: Sequence[int] = (192,
     if data is not None:
         data = Path(data)
         if not data.is_dir():
-            raise FileNotFoundError(f"gate data folder not found: {data}")
+            raise GateDataError(f"--gate-data: gate data folder not found: {data}")
         ann_file, img_dir = _coco_files(data)
         crops, labels = _crops_from(ann_file, img_dir, input_size, count, str(data))
         return crops, labels, str(data)
@@ -292,10 +307,12 @@ class GateRun:
     keypoints_total: int
     score_diff: float
     labels: list[str] = field(default_factory=list)
+    reference_nonfinite: int = 0  # NaN / Inf values in PyTorch's own heatmaps: nothing to compare with
 
     @property
     def passed(self) -> bool:
-        return bool(self.heatmap_diff <= self.tolerance) and self.keypoints_unexplained == 0
+        return (self.reference_nonfinite == 0 and bool(self.heatmap_diff <= self.tolerance)
+                and self.keypoints_unexplained == 0)
 
 
 @dataclass
@@ -316,12 +333,21 @@ class GateReport:
     def passed(self) -> bool:
         return self.shape_problem is None and bool(self.runs) and all(run.passed for run in self.runs)
 
+    @property
+    def reference_nonfinite(self) -> bool:
+        """PyTorch's own heatmaps held NaN / Inf: the model is broken, not the export."""
+        return any(run.reference_nonfinite for run in self.runs)
+
     def lines(self) -> list[str]:
         out = [f"gate: {self.path} ({self.runtime}, {self.precision}, input {self.input_shape}) against "
                f"PyTorch eager on crops of {self.source}"]
         if self.shape_problem:
             out.append(f"  input shape: {self.shape_problem}")
         for run in self.runs:
+            if run.reference_nonfinite:
+                out.append(f"  batch {run.batch}: PyTorch's own heatmaps are not finite ({run.reference_nonfinite} "
+                           f"NaN/Inf values): the model itself is broken (NaN/Inf weights or an overflow), so "
+                           f"the exported file cannot be checked against it")
             item, k, y, x = run.heatmap_where
             verdict = "ok" if run.heatmap_diff <= run.tolerance else "FAILED"
             out.append(
@@ -338,7 +364,8 @@ class GateReport:
             out.append(
                 f"  batch {run.batch}: keypoints max {run.keypoint_diff:.3g} px (crop pixels) at item {item} "
                 f"keypoint {k} ({self.keypoint_name(k)}); {moved}: {verdict}; scores max |diff| {run.score_diff:.3g}")
-        out.append("gate passed" if self.passed else "gate FAILED")
+        out.append("gate passed" if self.passed else "gate FAILED: PyTorch's own output is not finite"
+                   if self.reference_nonfinite else "gate FAILED")
         return out
 
     def keypoint_name(self, k: int) -> str:
@@ -366,6 +393,7 @@ def _decode_sensitivity(codec, heatmaps: np.ndarray, amplitude: float) -> np.nda
 def _compare(reference: np.ndarray, exported: np.ndarray, codec, tolerance: float, labels) -> GateRun:
     if exported.shape != reference.shape:
         raise ValueError(f"exported heatmaps have shape {exported.shape}, PyTorch's {reference.shape}")
+    reference_nonfinite = int((~np.isfinite(reference)).sum())
     diff = np.abs(exported.astype(np.float64) - reference)
     where = tuple(int(i) for i in np.unravel_index(np.nanargmax(diff) if np.isfinite(diff).any() else 0, diff.shape))
     heatmap_diff = float(diff.max())  # NaN stays NaN and fails the `<=` test
@@ -385,7 +413,8 @@ def _compare(reference: np.ndarray, exported: np.ndarray, codec, tolerance: floa
         batch=reference.shape[0], tolerance=tolerance, peak=float(np.abs(reference).max()),
         heatmap_diff=heatmap_diff, heatmap_where=where, keypoint_diff=float(moved.max()), keypoint_where=kp_where,
         keypoints_moved=int(beyond.sum()), keypoints_unexplained=unexplained, keypoints_total=int(moved.size),
-        score_diff=float(np.abs(scores - ref_scores).max()), labels=list(labels))
+        score_diff=float(np.abs(scores - ref_scores).max()), labels=list(labels),
+        reference_nonfinite=reference_nonfinite)
 
 
 def _onnx_runner(path: Path):
@@ -445,8 +474,10 @@ def check_export(path, model: nn.Module, crops: torch.Tensor, *, format: str, ba
         batch: "dynamic" (checked at batches 1 and 5) or the file's fixed batch (checked at it).
         flip_test, flip_indices: whether the file has the flip test baked in, and the channel order.
         fp16: the file computes in float16: the tolerance is FP16_RELATIVE_TOLERANCE of the peak.
-        codec: decodes both heatmaps for the keypoint comparison (default `UDPHeatmap` of the crops' size).
+        codec: decodes both heatmaps for the keypoint comparison and says the flip test's shift
+            (default: the model spec's codec).
         labels, source: names of the crops and of where they came from, for the report.
+    Both sides get the crops normalised with the model spec's pixel mean/std.
     Returns a GateReport (check `.passed`); nothing is deleted here.
     """
     path = Path(path)
@@ -455,7 +486,8 @@ def check_export(path, model: nn.Module, crops: torch.Tensor, *, format: str, ba
         raise ValueError(f"crops must be uint8 (N, 3, h, w) with N >= 1, got {tuple(crops.shape)} {crops.dtype}")
     input_size = (int(crops.shape[3]), int(crops.shape[2]))
     if codec is None:
-        codec = UDPHeatmap(input_size, (input_size[0] // 4, input_size[1] // 4))
+        codec = _model_spec(model).build_codec()
+    pixels = model_input_spec(model)  # the mean/std forward_heatmaps normalises the reference with
     if format == "onnx":
         run, runtime, shape = _onnx_runner(path)
     elif format == "pt2":
@@ -472,8 +504,9 @@ def check_export(path, model: nn.Module, crops: torch.Tensor, *, format: str, ba
         index = [i % len(crops) for i in range(size)]
         images = crops[index]
         with torch.no_grad():
-            reference = forward_heatmaps(reference_model, images, flip_test, None, reference_flip).numpy()
-        exported = run(normalize_images(images).numpy())
+            reference = forward_heatmaps(reference_model, images, flip_test, None, reference_flip,
+                                         codec.flip_shift).numpy()
+        exported = run(normalize_images(images, pixels.pixel_mean, pixels.pixel_std).numpy())
         tolerance = FP16_RELATIVE_TOLERANCE * float(np.abs(reference).max()) if fp16 else FP32_TOLERANCE
         run_labels = [labels[i] if i < len(labels) else f"crop {i}" for i in index]
         runs.append(_compare(reference, exported, codec, tolerance, run_labels))
@@ -500,35 +533,78 @@ def _write_onnx(graph: ExportGraph, path: Path, batch, input_size, metadata: dic
         program = torch.onnx.export(graph, (example,), None, dynamo=True, input_names=[INPUT_NAME],
                                     output_names=[OUTPUT_NAME], dynamic_shapes=dynamic, opset_version=opset,
                                     verbose=False)
-    program.model.metadata_props.update(metadata)
     weight_bytes = sum(t.numel() * t.element_size() for t in graph.state_dict().values())
+    if opset is not None and weight_bytes <= SINGLE_FILE_LIMIT:  # (a larger model: the gate's check says it)
+        # An opset the exporter cannot convert the graph to is only warned about, and the file
+        # it then writes fails onnx's checker (e.g. opset 26+ for attention with onnx 1.20): the
+        # opset is the user's choice, so this is the user's error, named before the gate runs.
+        import onnx
+
+        try:
+            onnx.checker.check_model(program.model_proto)
+        except onnx.checker.ValidationError as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise OpsetError(f"--opset {opset}: torch's ONNX exporter cannot write this model in opset {opset} "
+                             f"({first[:160]}); leave --opset out for the exporter's default, or choose a lower "
+                             f"one") from e
+    program.model.metadata_props.update(metadata)
     program.save(str(path), external_data=weight_bytes > SINGLE_FILE_LIMIT)
 
 
 PT2_SPEC_FILE = METADATA_KEY + ".json"  # the extra file of a .pt2 that holds the ModelSpec
+PT2_EXPORT_FILE = EXPORT_KEY + ".json"  # ... and the one that says how the graph was made
 
 
-def _write_pt2(graph: ExportGraph, path: Path, batch, input_size, spec_json: str) -> None:
+def _write_pt2(graph: ExportGraph, path: Path, batch, input_size, spec_json: str, facts: str) -> None:
     example, dynamic = _example(batch, input_size)
     with torch.no_grad():
         program = torch.export.export(graph, (example,), dynamic_shapes=dynamic, strict=False)
-    torch.export.save(program, str(path), extra_files={PT2_SPEC_FILE: spec_json})
+    torch.export.save(program, str(path), extra_files={PT2_SPEC_FILE: spec_json, PT2_EXPORT_FILE: facts})
 
 
 def read_export_spec(path) -> dict:
-    """The ModelSpec (as a dict) recorded in an exported .onnx (metadata) or .pt2 (extra file)."""
+    """The ModelSpec (as a dict, checked as a weights file's spec is) recorded in an exported .onnx
+    (metadata) or .pt2 (extra file); {} for a file that records none. A spec that is not JSON or
+    not a valid spec: `SpecError` naming the file and the key."""
     path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"exported file not found: {path}")
     if path.suffix.lower() == ".pt2":
         extra = {PT2_SPEC_FILE: ""}
-        torch.export.load(str(path), extra_files=extra)
-        text = extra[PT2_SPEC_FILE]
+        try:
+            torch.export.load(str(path), extra_files=extra)
+        except Exception as e:  # torch raises several kinds for a file that is not a .pt2 archive
+            raise ExportFileError(f"{path}: not a readable torch.export file ({type(e).__name__}: {e})") from None
+        text, where = extra[PT2_SPEC_FILE], f"{path} (extra file {PT2_SPEC_FILE})"
     else:
         require(("onnx",), "reading an ONNX file")
         import onnx
 
-        model = onnx.load(str(path), load_external_data=False)
+        try:
+            model = onnx.load(str(path), load_external_data=False)
+        except Exception as e:  # protobuf's DecodeError and friends
+            raise ExportFileError(f"{path}: not a readable ONNX file ({type(e).__name__}: {e})") from None
         text = next((p.value for p in model.metadata_props if p.key == METADATA_KEY), "")
-    return json.loads(text) if text else {}
+        where = f"{path} (metadata {METADATA_KEY})"
+    if not text:
+        return {}
+    return ModelSpec.from_json(text, origin=where).to_dict()
+
+
+class NonFiniteWeightsError(UserError, ValueError):
+    """The model to export holds NaN / Inf weights: PyTorch's own output would not be finite."""
+
+
+def _refuse_nonfinite_weights(model: nn.Module) -> None:
+    """Before the export's work: a model with NaN / Inf parameters or buffers cannot be exported
+    meaningfully (nothing finite to compare the file with); one line naming the first tensor."""
+    bad = [(name, int((~torch.isfinite(t)).sum())) for name, t in unwrap_model(model).state_dict().items()
+           if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        total = sum(count for _, count in bad)
+        raise NonFiniteWeightsError(f"the model's weights hold {total} NaN/Inf values (first in {bad[0][0]}, "
+                                    f"{len(bad)} tensors in all): PyTorch's own heatmaps would not be finite, so "
+                                    f"there is nothing to export; use weights from before the run diverged")
 
 
 def _export(format: str, model: nn.Module, path, *, batch="dynamic", flip_test=False, fp16=False, codec=None,
@@ -545,21 +621,22 @@ def _export(format: str, model: nn.Module, path, *, batch="dynamic", flip_test=F
         flip_indices = own_flip_indices(model)
     if flip_indices is None and num_keypoints != len(FLIP_INDICES) and flip_test:
         raise ValueError(f"flip test of a {num_keypoints}-keypoint model needs flip_indices (COCO's are for 17)")
-    input_size = _input_size(model, codec)
-    if codec is None:
-        codec = UDPHeatmap(input_size, (input_size[0] // 4, input_size[1] // 4))
+    _refuse_nonfinite_weights(model)
+    spec = _model_spec(model, codec)  # the codec given, else the model's own (its spec's)
+    codec = spec.build_codec() if codec is None else codec
+    input_size = tuple(codec.input_size)
     if crops is None:
         crops, labels, source = gate_crops(None, input_size)
     if tuple(crops.shape[2:]) != (input_size[1], input_size[0]):
         raise ValueError(f"gate crops are {tuple(crops.shape[2:])} (h, w), the model takes {input_size[::-1]}")
-    graph = ExportGraph(_plain_copy(model, fp16), flip_test, flip_indices, fp16).eval()
-    spec_json = _spec_json(model, codec)
+    graph = ExportGraph(_plain_copy(model, fp16), flip_test, flip_indices, fp16, codec.flip_shift).eval()
+    spec_json = _recorded_spec(spec, flip_indices, num_keypoints).to_json()
+    facts = _export_facts(flip_test, fp16, batch)
     with staged_files(path) as staged:
         if format == "onnx":
-            metadata = _metadata(codec, flip_test, flip_indices, fp16, batch, num_keypoints, spec_json)
-            _write_onnx(graph, staged, batch, input_size, metadata, opset)
+            _write_onnx(graph, staged, batch, input_size, {METADATA_KEY: spec_json, EXPORT_KEY: facts}, opset)
         else:
-            _write_pt2(graph, staged, batch, input_size, spec_json)
+            _write_pt2(graph, staged, batch, input_size, spec_json, facts)
         report = check_export(staged, model, crops, format=format, batch=batch, flip_test=flip_test,
                               flip_indices=flip_indices, fp16=fp16, codec=codec, labels=labels,
                               source=source or "the given crops")
@@ -585,8 +662,8 @@ def to_onnx(model: nn.Module, path, *, batch: str | int = "dynamic", flip_test: 
         flip_test: bake the flip test into the graph (2N crops run inside; N heatmaps out).
         fp16: float16 weights and arithmetic (for GPU runtimes), float32 input and output; the
             gate's bound is then FP16_RELATIVE_TOLERANCE of the heatmap peak.
-        codec: the model's codec (default: UDPHeatmap of the model's input size); recorded in
-            the file's metadata and used to decode keypoints in the gate.
+        codec: the model's codec (default: the model spec's, `model.spec.build_codec()`); recorded in
+            the file's spec and used for the flip test's shift and to decode keypoints in the gate.
         flip_indices: left/right keypoint order for the flip test (None: COCO-17).
         crops, labels, source: the gate's uint8 RGB crops (default: `gate_crops()`, the synthetic set).
         opset: ONNX opset (None: the exporter's default, 20 with torch 2.14).
@@ -620,7 +697,6 @@ def export(model: nn.Module, path, format: str, **kwargs) -> GateReport:
 # ----------------------------------------------------------------------------------------------
 # `vitpose export`
 
-EXIT_OK, EXIT_GATE, EXIT_USAGE = 0, 1, 2
 SUFFIXES = {".onnx": "onnx", ".pt2": "pt2"}
 
 
@@ -647,8 +723,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "Exit status 1 and no file otherwise.")
     parser.add_argument("--model", required=True, help="a weights or checkpoint file (any layout load_weights "
                                                        "reads), a model name or an HF repo id (vitpose.load_model)")
-    parser.add_argument("--config", help="training config (YAML) of the checkpoint; default: size, decoder "
-                                         "and input size told from the file's tensor shapes")
+    parser.add_argument("--config", default=None, metavar="FILE|NAME",
+                        help="the run config the weights were trained with (a YAML file or a shipped config's name, "
+                             "as for vitpose train); its model section and skeleton describe them. Default: what the "
+                             "file records, or its tensor shapes")
     parser.add_argument("--expert", help="the ViTPose+ expert of a mixture-of-experts file (coco, aic, mpii, "
                                          "ap10k, apt36k, coco_wholebody / wholebody)")
     parser.add_argument("--format", choices=FORMATS, help="default: from --out's suffix (.onnx / .pt2)")
@@ -668,46 +746,40 @@ def _resolve_format(fmt: str | None, out: Path) -> str:
     by_suffix = SUFFIXES.get(out.suffix.lower())
     if fmt is None:
         if by_suffix is None:
-            raise ValueError(f"--out {out}: cannot tell the format from suffix {out.suffix!r}; "
+            raise ExportUsageError(f"--out {out}: cannot tell the format from suffix {out.suffix!r}; "
                              f"pass --format ({' or '.join(FORMATS)})")
         return by_suffix
     if by_suffix is not None and by_suffix != fmt:
-        raise ValueError(f"--format {fmt} but --out {out} has the suffix of {by_suffix}")
+        raise ExportUsageError(f"--format {fmt} but --out {out} has the suffix of {by_suffix}")
     return fmt
 
 
 def run(args: argparse.Namespace) -> int:
-    """`vitpose export`: 0 written, 1 the gate failed (no file), 2 bad input."""
+    """`vitpose export`: 0 written; a failed gate (no file) is GateError, exit status 1; bad input
+    a UserError, 2 (vitpose.cli's one handler prints them)."""
     from vitpose.builders import load_model
-    from vitpose.config import ConfigError
-    from vitpose.data.errors import DataError
-    from vitpose.errors import UserError
     from vitpose.files import check_output
-    from vitpose.models.checkpoint import CheckpointError
 
+    out = Path(args.out)
+    fmt = _resolve_format(args.format, out)
+    inputs = (args.model, args.config, args.gate_data)
+    for target in (out, out.with_name(out.name + ".data")):  # before the work; never over an input
+        check_output(target, "--out", inputs=inputs)
+    if fmt == "onnx":
+        require()
+    loaded = load_model(args.model, expert=getattr(args, "expert", None), config=args.config, device="cpu")
+    _refuse_nonfinite_weights(loaded.model)  # before the gate crops and the trace
+    crops, labels, source = gate_crops(args.gate_data, loaded.codec.input_size)
+    kwargs = dict(batch=args.batch, flip_test=args.flip_test, fp16=args.fp16, codec=loaded.codec,
+                  flip_indices=loaded.skeleton.flip_indices, crops=crops, labels=labels, source=source)
+    if fmt == "onnx":
+        kwargs["opset"] = args.opset
     try:
-        out = Path(args.out)
-        fmt = _resolve_format(args.format, out)
-        inputs = (args.model, args.config, args.gate_data)
-        for target in (out, out.with_name(out.name + ".data")):  # before the work; never over an input
-            check_output(target, "--out", inputs=inputs)
-        if fmt == "onnx":
-            require()
-        loaded = load_model(args.model, expert=getattr(args, "expert", None), config=args.config, device="cpu")
-        crops, labels, source = gate_crops(args.gate_data, loaded.codec.input_size)
-        kwargs = dict(batch=args.batch, flip_test=args.flip_test, fp16=args.fp16, codec=loaded.codec,
-                      flip_indices=loaded.skeleton.flip_indices, crops=crops, labels=labels, source=source)
-        if fmt == "onnx":
-            kwargs["opset"] = args.opset
         export(loaded.model, out, fmt, **kwargs)
-    except GateError:
-        print(f"vitpose export: the exported file differs from PyTorch (figures above); nothing was written "
-              f"to {args.out}", file=sys.stderr)
-        return EXIT_GATE
-    except (UserError, MissingDependencyError, CheckpointError, ConfigError, DataError, FileNotFoundError,
-            ValueError) as e:
-        print(f"vitpose export: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+    except GateError as e:  # its figures are printed above: the error line says what it means
+        what = ("PyTorch's own heatmaps of the model are not finite (NaN/Inf weights or an overflow; figures "
+                "above)" if e.report.reference_nonfinite else "the exported file differs from PyTorch (figures above)")
+        raise GateError(e.report, f"{what}; nothing was written to {args.out}") from None
     size = sum(p.stat().st_size for p in (out, out.with_name(out.name + ".data")) if p.is_file())
     print(f"wrote {out} ({size / 2**20:.1f} MiB)")
     return EXIT_OK

@@ -2,9 +2,17 @@
 
 `OnnxPredictor(path).predict(image, boxes)` has the contract of `vitpose.Predictor.predict` and
 runs the same steps with numpy, OpenCV and onnxruntime only: box -> centre and scale (padding
-1.25) -> UDP warp (`vitpose.data.transforms.topdown_affine`) -> `(x - mean) / std` in float32 ->
-the graph (`vitpose export` / `vitpose.inference.export.to_onnx`) -> flip test (baked into the graph, or
-here with `vitpose.codecs.flip_heatmaps`) -> UDP decode -> image pixels (`crop_to_image`).
+1.25) -> UDP warp (`vitpose.data.transforms.topdown_affine`) -> `normalize_images` with the spec's
+pixel mean/std -> the graph (`vitpose export` / `vitpose.inference.export.to_onnx`) -> flip test
+(baked into the graph, or here with `vitpose.codecs.flip_average`, the function the graph and
+`vitpose.flip_test` use) -> the spec's codec's decode -> image pixels (`vitpose.codecs.decode_to_image`).
+
+What the file is comes from its `ModelSpec` (metadata `vitpose.model_spec`, checked as a weights
+file's spec is: sizes, codec, pixel mean/std, and the skeleton with its flip order) and from
+`vitpose.export` (whether the flip test is inside the graph). Files of earlier versions without a
+spec are read from their loose keys (`vitpose.pixel_mean`, `vitpose.flip_indices`, ...), checked
+the same way. A file without either is taken as a UDP model with ImageNet pixels, and its flip test
+needs `flip_indices=` (or `flip_test=False`): nothing in it says which keypoints mirror which.
 
 Packages this path needs at run time: numpy, opencv-python-headless and onnxruntime (or
 onnxruntime-gpu), plus this package's pure-numpy modules. Importing this module imports no torch
@@ -19,15 +27,20 @@ from pathlib import Path
 
 import numpy as np
 
-from vitpose.coco_meta import FLIP_INDICES, PIXEL_MEAN, PIXEL_STD
-from vitpose.codecs.flip import flip_heatmaps
-from vitpose.codecs.udp import UDPHeatmap
+from vitpose.codecs.flip import flip_average, flip_heatmaps
+from vitpose.data.pixels import normalize_images
 from vitpose.inference.pipeline import TopDown
 from vitpose.inference.results import StageTimer
+from vitpose.models.spec import METADATA_KEY, ModelSpec, SpecError, check_flip_indices
 
-__all__ = ["OnnxPredictor"]
+__all__ = ["OnnxMetadataError", "OnnxPredictor"]
 
 EXTRA_HINT = 'pip install onnxruntime (or pip install "vitpose[export]")'
+EXPORT_KEY = "vitpose.export"  # vitpose.inference.export.EXPORT_KEY (that module imports torch)
+
+
+class OnnxMetadataError(SpecError):
+    """An ONNX file's vitpose metadata that cannot be used (names the file and the key)."""
 
 
 def _import_onnxruntime():
@@ -42,16 +55,20 @@ class OnnxPredictor(TopDown):
     """ViTPose on person boxes of one image, through an ONNX file written by `vitpose export`.
 
     Args:
-        path: the .onnx file (its metadata says the crop size, codec, normalisation and whether
-            the flip test is inside the graph).
+        path: the .onnx file (its recorded ModelSpec says the crop size, codec, normalisation and
+            skeleton; `vitpose.export` whether the flip test is inside the graph).
         flip_test: average with the mirrored crop (on by default, as `Predictor`). With a graph
             that has the flip test baked in it must stay True; otherwise it is done here.
-        codec: the heatmap codec (default: UDPHeatmap with the sizes in the file's metadata).
+        codec: the heatmap codec (default: the spec's).
         batch_size: boxes per run of a dynamic-batch graph (a fixed-batch graph takes its own
             batch; the last chunk is padded).
         providers: onnxruntime execution providers (default: CPU).
         threads: onnxruntime intra-op threads (None: onnxruntime's default).
-        flip_indices: left/right keypoint order (default: the file's metadata, else COCO-17).
+        flip_indices: left/right keypoint order (default: the spec's skeleton's; a file that records
+            none needs it for the flip test).
+
+    `spec` (the file's `ModelSpec`, None for a file without vitpose metadata) says what the file
+    predicts (`spec.skeleton`: keypoint names, flip order, ... as plain data).
 
     Every step but the network is `vitpose.inference.pipeline.TopDown`'s, as for `Predictor`:
     `predict(image, boxes=None, box_format="xyxy", channels="rgb")` -> keypoints (M, K, 2)
@@ -74,18 +91,23 @@ class OnnxPredictor(TopDown):
         self.path = path
         self.metadata = dict(self.session.get_modelmeta().custom_metadata_map)
         self._read_shapes()
-        self.codec = codec if codec is not None else self._codec_from_metadata()
+        self.spec = self._read_spec()
+        if self.num_keypoints is None:  # a graph whose output does not say K
+            self.num_keypoints = self._spec_or_default().num_keypoints
+        self.codec = codec if codec is not None else self._spec_or_default().build_codec()
         if tuple(self.codec.input_size) != self.input_size:
-            raise ValueError(f"{path}: the graph takes {self.input_size} (w, h) crops, the codec "
-                             f"{tuple(self.codec.input_size)}")
-        self.graph_flips = self.metadata.get("vitpose.flip_test") == "1"
+            raise OnnxMetadataError(f"{path}: the graph takes {self.input_size} (w, h) crops, the codec "
+                                    f"{tuple(self.codec.input_size)}")
+        self.graph_flips = self._graph_flips()
         if self.graph_flips and not flip_test:
             raise ValueError(f"{path} has the flip test baked into its graph; flip_test=False cannot undo "
                              f"it (export without --flip-test for that)")
         self.flip_test = bool(flip_test)
         self.flip_indices = self._flip_indices(flip_indices)
-        self.mean = self._constant("vitpose.pixel_mean", PIXEL_MEAN)
-        self.std = self._constant("vitpose.pixel_std", PIXEL_STD)
+        pixels = self._spec_or_default()
+        self.mean, self.std = pixels.pixel_mean, pixels.pixel_std
+        if self.graph_flips:
+            self._check_graph_flips()
         self.batch_size = int(batch_size)
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -102,35 +124,124 @@ class OnnxPredictor(TopDown):
         self.graph_batch = shape[0] if isinstance(shape[0], int) else None
         self.input_size = (int(shape[3]), int(shape[2]))
         output = self.session.get_outputs()[0].shape
-        self.num_keypoints = int(output[1]) if len(output) == 4 and isinstance(output[1], int) \
-            else int(self.metadata.get("vitpose.num_keypoints", len(FLIP_INDICES)))
+        self.num_keypoints = int(output[1]) if len(output) == 4 and isinstance(output[1], int) else None
+        self.heatmap_size = (int(output[3]), int(output[2])) if len(output) == 4 and all(
+            isinstance(v, int) for v in output[2:]) else None
+
+    # ------------------------------------------------------------------ what the file records
+
+    def _key(self, key: str, default=None):
+        """A JSON metadata value; OnnxMetadataError naming the file and key when it is not JSON."""
+        if key not in self.metadata:
+            return default
+        try:
+            return json.loads(self.metadata[key])
+        except ValueError as e:
+            raise OnnxMetadataError(f"{self.path}: metadata {key} is not valid JSON ({e}); re-export the file "
+                                    f"with vitpose export") from None
+
+    def _read_spec(self) -> ModelSpec | None:
+        """The recorded spec (checked); else one made of an older file's loose keys; else None."""
+        if METADATA_KEY in self.metadata:
+            spec = ModelSpec.from_json(self.metadata[METADATA_KEY], origin=f"{self.path} (metadata {METADATA_KEY})")
+        elif any(key.startswith("vitpose.") for key in self.metadata):
+            spec = self._legacy_spec()
+        else:
+            return None
+        problems = []
+        if self.num_keypoints is not None and spec.num_keypoints != self.num_keypoints:
+            problems.append(f"{spec.num_keypoints} keypoints, the graph gives {self.num_keypoints}")
+        if spec.input_size != self.input_size:
+            problems.append(f"crops of {spec.input_size} (w, h), the graph takes {self.input_size}")
+        if self.heatmap_size is not None and spec.heatmap_size != self.heatmap_size:
+            problems.append(f"heatmaps of {spec.heatmap_size} (w, h), the graph gives {self.heatmap_size}")
+        if problems:
+            raise OnnxMetadataError(f"{self.path}: its recorded spec ({spec.origin}) says {'; '.join(problems)}: "
+                                    f"the metadata does not describe this graph; re-export it with vitpose export")
+        return spec
+
+    def _legacy_spec(self) -> ModelSpec:
+        """The spec of a file written before specs were recorded (nine loose `vitpose.*` keys)."""
+        origin = f"{self.path} (loose vitpose.* metadata)"
+        fields = {}
+        for field, key in (("pixel_mean", "vitpose.pixel_mean"), ("pixel_std", "vitpose.pixel_std"),
+                           ("input_size", "vitpose.input_size"), ("heatmap_size", "vitpose.heatmap_size"),
+                           ("sigma", "vitpose.codec_sigma"), ("num_keypoints", "vitpose.num_keypoints")):
+            value = self._key(key)
+            if value is not None:
+                fields[field] = value
+        fields.setdefault("input_size", list(self.input_size))
+        fields.setdefault("heatmap_size", list(self.heatmap_size or (self.input_size[0] // 4, self.input_size[1] // 4)))
+        fields.setdefault("num_keypoints", self.num_keypoints or 17)
+        codec = self.metadata.get("vitpose.codec", "UDPHeatmap")
+        fields["codec"] = codec
+        flip = self._key("vitpose.flip_indices")
+        if flip is not None:
+            if not (isinstance(flip, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in flip)):
+                raise OnnxMetadataError(f"{origin}: vitpose.flip_indices must be a list of keypoint indices, "
+                                        f"got {flip!r}")
+            count = len(flip)
+            fields["skeleton"] = {"name": "unnamed", "keypoint_names": [f"keypoint_{k}" for k in range(count)],
+                                  "flip_indices": flip}
+        return ModelSpec.from_dict(fields, origin=origin)
+
+    def _spec_or_default(self) -> ModelSpec:
+        """The file's spec, else UDP and ImageNet pixels with the graph's sizes (a file without metadata)."""
+        if self.spec is not None:
+            return self.spec
+        heatmap = self.heatmap_size or (self.input_size[0] // 4, self.input_size[1] // 4)
+        return ModelSpec(input_size=self.input_size, heatmap_size=heatmap, num_keypoints=self.num_keypoints or 17,
+                         origin=f"{self.path} (no vitpose metadata: UDP and ImageNet pixels assumed)")
+
+    def _graph_flips(self) -> bool:
+        """Whether the graph has the flip test inside (`vitpose.export`, or an older file's `vitpose.flip_test`)."""
+        facts = self._key(EXPORT_KEY)
+        if facts is not None:
+            value = facts.get("flip_test") if isinstance(facts, dict) else None
+            if not isinstance(value, bool):
+                raise OnnxMetadataError(f"{self.path}: metadata {EXPORT_KEY} must be an object with a true/false "
+                                        f"flip_test, got {self.metadata[EXPORT_KEY]!r}")
+            return value
+        legacy = self.metadata.get("vitpose.flip_test", "0")
+        if legacy not in ("0", "1"):
+            raise OnnxMetadataError(f"{self.path}: metadata vitpose.flip_test must be 0 or 1, got {legacy!r}")
+        return legacy == "1"
+
+    def _check_graph_flips(self) -> None:
+        """A graph that says it averages with the mirrored crop must be mirror-symmetric: its output on
+        a mirrored input is its output flipped back (exact up to rounding for UDP, whose flip needs no
+        shift). One probe run at load time; a graph without the flip test (even a well-trained one,
+        only roughly symmetric) fails it by far more than rounding."""
+        if getattr(self.codec, "flip_shift", False) or self.flip_indices is None:
+            return  # a shifted flip is not symmetric; without the order nothing can be checked
+        facts = self._key(EXPORT_KEY) or {}
+        if isinstance(facts, dict) and facts.get("precision") == "float16":
+            return  # float16 rounding is of the size of what this would test
+        w, h = self.input_size
+        x = np.random.default_rng(0).standard_normal((1, 3, h, w)).astype(np.float32)
+        out = self._run(x)
+        mirrored = self._run(np.ascontiguousarray(x[..., ::-1]))
+        diff = float(np.abs(flip_heatmaps(out, self.flip_indices) - mirrored).max())
+        peak = float(np.abs(out).max())
+        if not diff <= 1e-3 * peak + 1e-5:
+            raise OnnxMetadataError(f"{self.path}: its metadata says the flip test is inside the graph, but the graph "
+                                    f"is not mirror-symmetric (max |diff| {diff:.3g} on heatmaps of peak {peak:.3g}): "
+                                    f"the metadata is wrong; re-export the file with vitpose export")
 
     def _flip_indices(self, flip_indices) -> list[int] | None:
-        """The given order, else the file's, else COCO's for 17 keypoints; required for a flip test here."""
-        if flip_indices is None:
-            flip_indices = json.loads(self.metadata.get("vitpose.flip_indices", "null"))
-        if flip_indices is None and self.num_keypoints == len(FLIP_INDICES):
-            flip_indices = FLIP_INDICES
+        """The given order, else the recorded skeleton's; required for a flip test done here."""
+        if flip_indices is None and self.spec is not None and self.spec.skeleton is not None:
+            flip_indices = self.spec.skeleton["flip_indices"]  # checked with the spec
         needed = self.flip_test and not self.graph_flips
-        if needed and (flip_indices is None or len(flip_indices) != self.num_keypoints):
-            raise ValueError(f"{self.path}: the flip test of {self.num_keypoints} keypoints needs flip_indices "
-                             f"of that length (got {None if flip_indices is None else len(flip_indices)})")
-        return None if flip_indices is None else [int(i) for i in flip_indices]
-
-    def _constant(self, key: str, default) -> np.ndarray:
-        """A per-channel float32 constant (1, 3, 1, 1) from the metadata, else the project's."""
-        return np.asarray(json.loads(self.metadata.get(key, "null")) or default, np.float32).reshape(1, 3, 1, 1)
-
-    def _codec_from_metadata(self) -> UDPHeatmap:
-        name = self.metadata.get("vitpose.codec", "UDPHeatmap")
-        if name != "UDPHeatmap":
-            raise ValueError(f"{self.path} was exported with codec {name}; pass codec= (an instance of it)")
-        output = self.session.get_outputs()[0].shape
-        default_hm = (output[3], output[2]) if len(output) == 4 and all(isinstance(s, int) for s in output[2:]) \
-            else (self.input_size[0] // 4, self.input_size[1] // 4)
-        heatmap_size = json.loads(self.metadata.get("vitpose.heatmap_size", "null")) or default_hm
-        return UDPHeatmap(self.input_size, heatmap_size, float(self.metadata.get("vitpose.codec_sigma", 2.0)),
-                          int(self.metadata.get("vitpose.codec_blur_kernel_size", 11)))
+        k = self.num_keypoints
+        if needed and flip_indices is None:
+            raise OnnxMetadataError(f"{self.path} records no skeleton, so nothing says which of its {k} keypoints "
+                                    f"mirror which: pass flip_indices= (the skeleton's, e.g. "
+                                    f"vitpose.data.dataset_info('coco').flip_indices) or flip_test=False")
+        if flip_indices is None:
+            return None
+        return check_flip_indices(list(flip_indices), k, f"{self.path}: flip_indices") if needed else \
+            [int(i) for i in flip_indices]
 
     # ------------------------------------------------------------------ the network step
 
@@ -149,15 +260,15 @@ class OnnxPredictor(TopDown):
     def heatmaps(self, crops: np.ndarray) -> np.ndarray:
         """Heatmaps (N, K, H, W) float32 of uint8 RGB crops (N, 3, h, w), with the flip test if on.
 
-        `(x - mean) / std` in float32 and the flip-test average `(h + flipped) * 0.5` are the
-        operations of `vitpose.topdown.forward_heatmaps` in the same order, so only the graph's
-        arithmetic can differ from PyTorch.
+        `normalize_images` with the spec's mean/std and the flip-test average `flip_average` (with
+        the codec's shift) are the functions `vitpose.topdown.forward_heatmaps` runs, so only the
+        graph's arithmetic can differ from PyTorch.
         """
-        x = (crops.astype(np.float32) - self.mean) / self.std
+        x = normalize_images(crops, self.mean, self.std)
         if not self.flip_test or self.graph_flips:
             return self._run(x)
         n = len(x)
         both = self._run(np.concatenate([x, x[..., ::-1]]))  # crops and mirrors as one batch, as Predictor
-        return (both[:n] + flip_heatmaps(both[n:], self.flip_indices)) * np.float32(0.5)
+        return flip_average(both[:n], both[n:], self.flip_indices, getattr(self.codec, "flip_shift", False))
 
     run_network = heatmaps  # what `TopDown` calls between the crops and the decode

@@ -7,31 +7,39 @@ all go through `TopDown.__call__`; tracking and smoothing post-process its `Pose
 Also here, each once: the source classifier (`classify_source`: image / dir / video / webcam),
 the reader of detection files (`read_boxes_file`, keyed by `image_id`, `file_name` or `frame`),
 the image-id rule (`image_ids`), the COCO-record writer (`coco_records`, instance score =
-`vitpose.evaluation`'s `instance_scores`, so `vitpose predict --json` and evaluate agree) and the
+`vitpose.codecs.instance_scores`, the evaluator's rule, so `vitpose predict --json` and evaluate agree) and the
 JSON Lines results file (`ResultsFile`: streamed, flushed, resumable). No torch (OnnxPredictor).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import re
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from vitpose.data.geometry import bbox_xywh2xyxy, crop_to_image, person_boxes_to_center_scale
+from vitpose.codecs.decode import decode_to_image, instance_scores
+from vitpose.data.geometry import bbox_xywh2xyxy, person_boxes_to_center_scale
 from vitpose.data.transforms import topdown_crops
 from vitpose.errors import UserError
-from vitpose.evaluation.coco_evaluator import instance_scores
-from vitpose.files import write_atomic
+from vitpose.files import create_exclusive, fsync_dir, open_stream, stream_kind, write_atomic, write_error
 from vitpose.inference.results import Detections, FlipViews, Poses, StageTimer
 
-__all__ = ["BoxTable", "ResultsFile", "TopDown", "classify_source", "coco_records", "image_ids",
-           "read_boxes_file", "read_records"]
+__all__ = ["PARTIAL_SUFFIX", "BoxTable", "ResultsFile", "TopDown", "classify_source", "coco_records", "image_ids",
+           "partial_files", "read_boxes_file", "read_records"]
 
+_COCO_ID = re.compile(r"[0-9]+")  # ASCII digits only: "²" is a digit to str.isdigit, not to int()
+MAX_WEBCAM_INDEX = 2**31 - 1  # cv2.VideoCapture(index) takes a C int
+# A caller's box may reach past the image (a person at its edge), but one that misses the image
+# or spans more than this many times its width or height is no person in it: boxes made for
+# another image size or another image, or a unit mistake (1e30-pixel boxes gave keypoints ~5e29).
+MAX_BOX_SPAN = 10
 KEYPOINT_SCORE_THR = 0.2  # MMPose's keypoint_score_thr for the instance score (CocoMetric's default)
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".jp2", ".pgm", ".ppm")
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg", ".wmv", ".flv", ".ts")
@@ -98,6 +106,12 @@ class TopDown:
         box_format: "xyxy" | "xywh" (caller boxes).
         The crops of all the images go through the network together, `batch_size` at a time.
         """
+        single, images, found = self._people(images, boxes, box_format, channels)
+        poses = self._pose(images, found, channels)
+        return poses[0] if single else poses
+
+    def _people(self, images, boxes, box_format: str, channels: str):
+        """`__call__`'s and `flip_views`'s arguments checked: (single, images, [Detections] per image)."""
         if channels not in ("rgb", "bgr"):
             raise ValueError(f"channels must be 'rgb' or 'bgr', got {channels!r}")
         single = not isinstance(images, (list, tuple))
@@ -109,8 +123,15 @@ class TopDown:
             if len(boxes) != len(images):
                 raise ValueError(f"{len(images)} images but {len(boxes)} box arrays")
             found = [caller_boxes(b, box_format) for b in boxes]
-        poses = self._pose(images, found, channels)
-        return poses[0] if single else poses
+            for i, (image, given) in enumerate(zip(images, found)):
+                outside = np.flatnonzero(boxes_outside_image(given.boxes, image.shape[1], image.shape[0]))
+                if len(outside):
+                    j = int(outside[0])
+                    box = ", ".join(f"{v:.6g}" for v in given.boxes[j])
+                    raise ValueError(f"box {j}{'' if single else f' of image {i}'} [{box}] (xyxy) "
+                                     f"lies far outside the {image.shape[1]}x{image.shape[0]} image (it misses it or "
+                                     f"spans over {MAX_BOX_SPAN}x its size): boxes for another image or size?")
+        return single, images, found
 
     def _pose(self, images, found: list[Detections], channels: str) -> list[Poses]:
         """Crops of every box of every image -> network in batches -> keypoints, split per image."""
@@ -160,9 +181,9 @@ class TopDown:
             with self.timer.stage("decode heatmaps"):
                 views = views or [([], []) for _ in outputs]
                 for (keypoints, scores), heatmaps in zip(views, outputs):
-                    kpts, kpt_scores = self.codec.batch_decode(heatmaps)
-                    keypoints.append(crop_to_image(kpts, center[start:stop], fixed_scale[start:stop],
-                                                   self.codec.input_size))
+                    kpts, kpt_scores = decode_to_image(self.codec, heatmaps, center[start:stop],
+                                                       fixed_scale[start:stop])
+                    keypoints.append(kpts)
                     scores.append(kpt_scores)
         return [(np.concatenate(keypoints), np.concatenate(scores)) for keypoints, scores in views]
 
@@ -178,15 +199,7 @@ class TopDown:
         what `__call__` returns), `plain` and `mirrored` keypoints (M, K, 2) and scores (M, K)
         decoded from the plain forward and from the mirrored forward flipped back. Their
         disagreement is a measure of the model's left/right doubt (`vitpose select`)."""
-        single = not isinstance(images, (list, tuple))
-        images = [as_image(image) for image in ([images] if single else images)]
-        if boxes is None:
-            found = self.detect(images, channels)
-        else:
-            boxes = [boxes] if single else list(boxes)
-            if len(boxes) != len(images):
-                raise ValueError(f"{len(images)} images but {len(boxes)} box arrays")
-            found = [caller_boxes(b, box_format) for b in boxes]
+        single, images, found = self._people(images, boxes, box_format, channels)
         with self.timer.stage("crop"):
             crops, centers, scales = self._crop_all(images, [d.boxes for d in found], channels)
         k = self.num_keypoints
@@ -210,7 +223,18 @@ def as_image(image) -> np.ndarray:
     if not isinstance(image, np.ndarray) or image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
         got = f"{image.shape} {image.dtype}" if isinstance(image, np.ndarray) else type(image).__name__
         raise ValueError(f"image must be (H, W, 3) uint8 (or a PIL image), got {got}")
+    if image.shape[0] == 0 or image.shape[1] == 0:
+        raise ValueError(f"image has no pixels: shape {image.shape}")
     return image
+
+
+def boxes_outside_image(boxes, width: int, height: int) -> np.ndarray:
+    """(M,) True for each xyxy box (M, 4) that misses the `width` x `height` image or spans
+    more than MAX_BOX_SPAN times its width or height (see MAX_BOX_SPAN)."""
+    b = np.asarray(boxes, np.float64).reshape(-1, 4)
+    misses = (b[:, 2] <= 0) | (b[:, 3] <= 0) | (b[:, 0] >= width) | (b[:, 1] >= height)
+    too_big = (b[:, 2] - b[:, 0] > MAX_BOX_SPAN * width) | (b[:, 3] - b[:, 1] > MAX_BOX_SPAN * height)
+    return misses | too_big
 
 
 def caller_boxes(boxes, box_format: str = "xyxy") -> Detections:
@@ -235,8 +259,17 @@ def caller_boxes(boxes, box_format: str = "xyxy") -> Detections:
 
 
 def classify_source(source) -> str:
-    """"webcam" (an int, or digits that name no file), "dir", "video" (by suffix) or "image"."""
-    if isinstance(source, int) or (str(source).isdigit() and not Path(str(source)).exists()):
+    """"webcam" (an int, or ASCII digits that name no file), "dir", "video" (by suffix) or "image".
+
+    Digits too large for a camera index (OpenCV takes a C int) that name no file raise UserError.
+    """
+    if isinstance(source, int):
+        return "webcam"
+    text = str(source)
+    if _COCO_ID.fullmatch(text) and not Path(text).exists():  # "²" is a digit to str.isdigit, not to int()
+        if int(text) > MAX_WEBCAM_INDEX:
+            raise UserError(f"source not found: {text} (no such file, and too large for a webcam index, "
+                            f"0 to {MAX_WEBCAM_INDEX})")
         return "webcam"
     path = Path(source).expanduser()
     if path.is_dir():
@@ -244,7 +277,6 @@ def classify_source(source) -> str:
     return "video" if path.suffix.lower() in VIDEO_SUFFIXES else "image"
 
 
-_COCO_ID = re.compile(r"[0-9]+")  # ASCII digits only: "²" is a digit to str.isdigit, not to int()
 
 
 def image_ids(names: Sequence[str]) -> tuple[list[int], bool]:
@@ -267,19 +299,33 @@ def image_ids(names: Sequence[str]) -> tuple[list[int], bool]:
 
 
 class BoxTable:
-    """Person boxes of a detection file: `by_key[kind][value] -> Detections` for the kinds
-    "image_id", "file_name" and "frame" that its records carry (`read_boxes_file`)."""
+    """Person boxes of a detection file: `by_key[kind][value]` -> rows [x, y, w, h, score, record
+    index] for the kinds "image_id", "file_name" and "frame" that its records carry
+    (`read_boxes_file`); `lookup` gives them as Detections."""
 
-    def __init__(self, path: Path, by_key: dict[str, dict]):
+    def __init__(self, path: Path, by_key: dict[str, dict], flag: str = "--boxes"):
         self.path = path
         self.by_key = by_key
+        self.flag = flag
 
-    def lookup(self, kind: str, value) -> Detections:
+    def lookup(self, kind: str, value, image_size: tuple[int, int] | None = None) -> Detections:
+        """The boxes of the image or frame `value` (by `kind`); with its `image_size` (width,
+        height), a box that lies far outside it (`boxes_outside_image`) raises UserError naming
+        the file and the record."""
         rows = self.by_key[kind].get(value)
         if rows is None:
             return Detections(np.zeros((0, 4), np.float32), np.zeros(0, np.float32))
-        rows = np.asarray(rows, np.float32)
-        return Detections(bbox_xywh2xyxy(rows[:, :4].copy()), rows[:, 4].copy())
+        rows = np.asarray(rows, np.float64)
+        xyxy = bbox_xywh2xyxy(rows[:, :4].astype(np.float32))
+        if image_size is not None:
+            outside = np.flatnonzero(boxes_outside_image(xyxy, *image_size))
+            if len(outside):
+                row = rows[outside[0]]
+                raise UserError(f"{self.flag}: {self.path}: record [{int(row[5])}]: field 'bbox' "
+                                f"{[float(v) for v in row[:4]]} lies far outside {kind} {value!r}'s "
+                                f"{image_size[0]}x{image_size[1]} image (it misses it or spans over "
+                                f"{MAX_BOX_SPAN}x its size): boxes for another image or image size?")
+        return Detections(xyxy, rows[:, 4].astype(np.float32))
 
     def keyed_by(self, kind: str) -> bool:
         return kind in self.by_key
@@ -339,14 +385,14 @@ def read_boxes_file(path, flag: str = "--boxes") -> BoxTable:
         if not isinstance(record, dict):
             raise UserError(f"{where}: expected an object, got {type(record).__name__}")
         keys = _record_key(record, where)
-        row = _record_row(record, where)
+        row = _record_row(record, where) + [i]
         if record.get("category_id", 1) != 1:
             continue
         here = {kind for kind, _ in keys}
         kinds = here if kinds is None else kinds & here
         for kind, value in keys:
             by_key.setdefault(kind, {}).setdefault(value, []).append(row)
-    return BoxTable(path, {kind: table for kind, table in by_key.items() if kinds is None or kind in kinds})
+    return BoxTable(path, {kind: table for kind, table in by_key.items() if kinds is None or kind in kinds}, flag)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -401,38 +447,115 @@ def read_records(path) -> list:
         raise ValueError(f"neither a JSON list nor JSON Lines ({e})") from None
 
 
+PARTIAL_SUFFIX = ".partial"
+
+
+def partial_files(path) -> list[Path]:
+    """The `.NAME.XXXXXXXX.partial` files of interrupted runs into `path` (`ResultsFile`) that this
+    user owns, regular files only (never a link), oldest first."""
+    path = Path(path)
+    pattern = re.compile(re.escape(f".{path.name}.") + r"[A-Za-z0-9_]{8}" + re.escape(PARTIAL_SUFFIX))
+    found = []
+    try:
+        entries = list(os.scandir(path.parent if str(path.parent) else "."))
+    except OSError:
+        return []
+    for entry in entries:
+        if not pattern.fullmatch(entry.name):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():
+            found.append((st.st_mtime_ns, path.parent / entry.name))
+    return [p for _, p in sorted(found)]
+
+
 class ResultsFile:
-    """`--json`: records streamed as JSON Lines (each item's records in one flushed write), or one
-    JSON array written at the end (`array=True`, bounded inputs only; `render` turns the records
-    into another whole-file format).
+    """`--json`: records streamed as JSON Lines (each item's records in one write, flushed at once,
+    so a process killed after N items keeps N items' lines), or one JSON array written at the end
+    (`array=True`, bounded inputs only; `render` turns the records into another whole-file format).
 
     An existing file is replaced only when the run completes (`close(completed=True)`): until then
-    the records go to `<name>.partial` beside it. A new file is written in place, so an
-    interrupted run leaves a parseable file that `resume=True` continues: the records of the last
-    item in it (which may be incomplete) are dropped and that item is done again, the others
-    (`done`: their `file_name` or `frame`) are skipped.
+    the records go to a new file `.NAME.XXXXXXXX.partial` beside it, created exclusively (a random
+    name: a link planted beside the output is never written through), renamed over it at the end.
+    A new file is written in place (created with O_EXCL), so an interrupted run leaves a parseable
+    file. `resume=True` continues an interrupted run: this output's `.partial` when there is one
+    (the earlier, complete file stays as it is until this run completes), else the file itself; the
+    records of the last item in it (which may be incomplete) are dropped and that item is done again,
+    the others (`done`: their `file_name` or `frame`) are skipped.
+
+    A device or pipe (`vitpose.files.stream_kind`: `--json /dev/stdout`, a FIFO) is written directly,
+    item by item; it cannot be resumed. The lines are flushed per item, not fsynced (that would cost a
+    disk flush per video frame): a killed process loses nothing, a power cut may tear the last lines,
+    which `resume` drops. A full disk is an `OutputWriteError` (one line; the lines so far are kept).
     """
 
-    def __init__(self, path, key: str, array: bool = False, resume: bool = False, render=None):
-        self.path, self.key, self.array = Path(path), key, array
+    def __init__(self, path, key: str, array: bool = False, resume: bool = False, render=None,
+                 flag: str = "--json"):
+        self.path, self.key, self.array, self.flag = Path(path), key, array, flag
         self.render = render  # array files: records -> text (default: a JSON list)
         self.done: set = set()
         self.records: list[dict] = []
         self.nonfinite = 0
         self.count = 0
-        if resume and self.path.exists():
-            self._truncate_to_complete_items()
+        self.file = None
+        self.failed = False
+        self.stream = stream_kind(self.path)
+        self.existed = os.path.lexists(self.path)
+        if self.stream is not None:
+            if resume:
+                raise UserError(f"{flag} {self.path} is a device or pipe; --resume continues a file")
+            self.target = self.path
+            if not array:
+                self.file = open_stream(self.path, self.stream)
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)  # checked writable before the run
+        if resume:
+            self._open_for_resume()
+        elif array:
             self.target = self.path
         else:
-            self.target = self.path.with_name(self.path.name + ".partial") if self.path.exists() else self.path
-        self.target.parent.mkdir(parents=True, exist_ok=True)  # checked writable before the run
-        self.file = None if array else open(self.target, "a" if self.target == self.path and resume else "w",
-                                            encoding="utf-8")
+            self._open_new()
+
+    def _open_new(self) -> None:
+        if not self.existed:
+            try:  # in place: a path that appeared since (a file, a link) is never opened
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+                self.target = self.path
+                self.file = open(fd, "wb")  # noqa: SIM115 - closed in close()
+                return
+            except FileExistsError:
+                self.existed = True
+        fd, self.target = create_exclusive(self.path, PARTIAL_SUFFIX)
+        self.file = open(fd, "wb")  # noqa: SIM115 - closed in close()
+
+    def _open_for_resume(self) -> None:
+        partials = partial_files(self.path)
+        if self.path.exists():  # a partial older than the file was superseded by a run that completed
+            finished = self.path.stat().st_mtime_ns
+            partials = [p for p in partials if p.stat().st_mtime_ns >= finished]
+        if len(partials) > 1:
+            raise UserError(f"{self.flag} {self.path}: --resume found {len(partials)} interrupted runs' results "
+                            f"beside it ({', '.join(p.name for p in partials)}); delete the ones not to continue")
+        if partials:
+            self.target = partials[0]
+            fd = os.open(self.target, os.O_RDWR | os.O_NOFOLLOW)
+        elif self.existed:
+            self.target = self.path
+            fd = os.open(self.target, os.O_RDWR)
+        else:  # nothing to continue: a fresh file
+            self._open_new()
+            return
+        self.file = open(fd, "r+b")  # noqa: SIM115 - closed in close()
+        self._truncate_to_complete_items()
 
     def _truncate_to_complete_items(self) -> None:
-        data = self.path.read_bytes()
+        data = self.file.read()
         if data.lstrip().startswith(b"["):
-            raise UserError(f"--json {self.path} is one JSON list; --resume continues JSON Lines (the default "
+            self.file.close()
+            raise UserError(f"{self.flag} {self.target} is one JSON list; --resume continues JSON Lines (the default "
                             f"without --json-array)")
         offsets, keys, position = [], [], 0
         for line in data.splitlines(keepends=True):
@@ -441,7 +564,8 @@ class ResultsFile:
                 keys.append(record[self.key])
             except (ValueError, KeyError, TypeError):
                 if line.endswith(b"\n"):
-                    raise UserError(f"--json {self.path}: not a JSON Lines file of {self.key!r} records "
+                    self.file.close()
+                    raise UserError(f"{self.flag} {self.target}: not a JSON Lines file of {self.key!r} records "
                                     f"(line {len(offsets) + 1}); --resume continues only what this command "
                                     f"wrote") from None
                 break  # a torn last line: the item is done again
@@ -453,9 +577,29 @@ class ResultsFile:
             while keys and keys[-1] == last:
                 keys.pop()
                 end = offsets.pop()
-        with open(self.path, "r+b") as f:
-            f.truncate(end)
+        self.file.seek(end)
+        self.file.truncate(end)
         self.done = set(keys)
+
+    def kept_records(self):
+        """The records a resumed file kept (those of `done`), read back in order (for `--track`)."""
+        if self.file is None or self.stream is not None:
+            return
+        self.file.flush()
+        end = self.file.tell()
+        self.file.seek(0)
+        try:
+            for line in self.file.read(end).splitlines():
+                if line.strip():
+                    yield json.loads(line)
+        finally:
+            self.file.seek(end)
+
+    def _failed_write(self, error: OSError):
+        self.failed = True
+        kept = (f"the results so far are in {self.target}; continue with --resume once there is space"
+                if self.stream is None and not self.array else "nothing was replaced")
+        return write_error(error, self.target, self.flag, kept=kept)
 
     def write(self, records: list[dict], nonfinite: int = 0) -> None:
         self.count += len(records)
@@ -463,19 +607,58 @@ class ResultsFile:
         if self.array:
             self.records += records
         elif records:
-            self.file.write("".join(json.dumps(r, allow_nan=False) + "\n" for r in records))
-            self.file.flush()
+            try:
+                self.file.write("".join(json.dumps(r, allow_nan=False) + "\n" for r in records).encode())
+                self.file.flush()  # per item: a killed run keeps every item it finished
+            except OSError as e:
+                converted = self._failed_write(e)
+                if converted is None:
+                    raise
+                raise converted from e
 
     def close(self, completed: bool) -> Path:
         """Finish the file; returns where the results are (the `.partial` file if not replaced)."""
         if self.array:
-            text = self.render(self.records) if self.render else json.dumps(self.records, allow_nan=False)
-            write_atomic(self.target, text)
-        else:
+            return self._close_array(completed)
+        if self.failed:  # the disk refused a write: keep what is there, report the first error only
+            with contextlib.suppress(OSError):
+                self.file.close()
+            return self.target
+        try:
             self.file.flush()
-            os.fsync(self.file.fileno())
+            if self.stream is None:
+                os.fsync(self.file.fileno())
             self.file.close()
+        except OSError as e:
+            converted = self._failed_write(e)
+            with contextlib.suppress(OSError):
+                self.file.close()
+            if converted is None:
+                raise
+            raise converted from e
         if completed and self.target != self.path:
             os.replace(self.target, self.path)
+            fsync_dir(self.path.parent)
             return self.path
+        return self.target
+
+    def _close_array(self, completed: bool) -> Path:
+        text = self.render(self.records) if self.render else json.dumps(self.records, allow_nan=False)
+        if self.stream is not None or completed or not self.existed:
+            write_atomic(self.path, text)  # a device or pipe: written directly
+            return self.path
+        # interrupted, with an earlier file in the way: the records so far beside it
+        fd, self.target = create_exclusive(self.path, PARTIAL_SUFFIX)
+        try:
+            with open(fd, "wb") as f:
+                f.write(text.encode())
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.unlink(self.target)
+            converted = write_error(e, self.target, self.flag)
+            if converted is None:
+                raise
+            raise converted from e
         return self.target

@@ -27,7 +27,6 @@ from vitpose.device import default_batch_size, resolve_device, resolve_precision
 from vitpose.inference.pipeline import TopDown
 from vitpose.inference.results import Poses, StageTimer
 from vitpose.inference.warp import warp_affine_uint8
-from vitpose.models.vitpose import average_flip_views
 from vitpose.models.wrappers import unwrap_model
 from vitpose.topdown import forward_flip_views, forward_heatmaps
 
@@ -167,9 +166,8 @@ class Predictor(TopDown):
         numpy: one forward of the crops and their mirrors (`vitpose.topdown.forward_flip_views`)."""
         if isinstance(crops, np.ndarray):
             crops = torch.from_numpy(np.ascontiguousarray(crops))
-        plain, mirrored = forward_flip_views(self.model, crops.to(self.device), self.amp_dtype, self.flip_indices)
-        averaged = average_flip_views(plain, mirrored)  # what forward_heatmaps returns with the flip test
-        return averaged.cpu().numpy(), plain.cpu().numpy(), mirrored.cpu().numpy()
+        views = forward_flip_views(self.model, crops.to(self.device), self.amp_dtype, self.flip_indices)
+        return tuple(view.cpu().numpy() for view in views)  # averaged: what run_network returns with the flip test
 
     def _crop_all(self, images, boxes_of_images, channels: str):
         """With `warp_on_device` (default on CUDA) the crops are warped on the model's device by

@@ -29,7 +29,7 @@ class FlipViews(NamedTuple):
     `poses` the flip-averaged prediction; `plain` / `mirrored` keypoints (M, K, 2) image pixels and
     their scores (M, K), decoded from the plain forward and the mirrored one flipped back."""
 
-    poses: "Poses"
+    poses: Poses
     plain: np.ndarray
     plain_scores: np.ndarray
     mirrored: np.ndarray

@@ -178,6 +178,37 @@ class Tracker:
         self.last_ids = ids.copy()
         return ids
 
+    def replay(self, boxes, track_ids, keypoints=None, keypoint_scores=None, frame: int | None = None) -> None:
+        """Feed one frame of a run done before, with the ids that run gave (a resumed `--track` run
+        replays the frames already in its JSON): each id's track continues (or starts) exactly as
+        `update` left it then, so the people of the next frames keep their ids, and new people get
+        ids above every one used. Arguments as in `update`, plus track_ids (D,)."""
+        boxes = np.asarray(boxes, np.float64).reshape(-1, 4)
+        track_ids = np.asarray(track_ids, np.int64).reshape(-1)
+        if len(track_ids) != len(boxes):
+            raise ValueError(f"{len(track_ids)} track ids for {len(boxes)} boxes")
+        frame = self.frame + 1 if frame is None else int(frame)
+        if frame <= self.frame:
+            raise ValueError(f"frames must come in increasing order: got {frame} after {self.frame}")
+        if keypoints is not None:
+            num_keypoints = np.asarray(keypoints).size // (2 * len(boxes)) if len(boxes) else 0
+            keypoints = np.asarray(keypoints, np.float64).reshape(len(boxes), num_keypoints, 2)
+            if keypoint_scores is None:
+                keypoint_scores = np.ones(keypoints.shape[:2])
+            keypoint_scores = np.asarray(keypoint_scores, np.float64).reshape(keypoints.shape[:2])
+        self.frame = frame
+        self.tracks = [t for t in self.tracks if frame - t.last_frame - 1 <= self.max_age]
+        by_id = {t.track_id: t for t in self.tracks}
+        for d, track_id in enumerate(track_ids.tolist()):
+            if track_id in by_id:
+                self._continue(by_id[track_id], boxes[d], keypoints, keypoint_scores, d, frame)
+            else:
+                self.tracks.append(_Track(int(track_id), boxes[d].copy(), np.zeros(4),
+                                          None if keypoints is None else keypoints[d].copy(),
+                                          None if keypoints is None else keypoint_scores[d].copy(), frame))
+            self.next_id = max(self.next_id, int(track_id) + 1)
+        self.last_ids = track_ids.copy()
+
     def _followed(self, follows, count: int) -> list[tuple[int, int]]:
         """(detection, track index) pairs that `follows` names: tracks of the previous update that are alive."""
         if follows is None:

@@ -36,8 +36,8 @@ from __future__ import annotations
 import math
 import os
 import queue
+import shutil
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -47,13 +47,13 @@ import cv2
 import numpy as np
 
 from vitpose.errors import UserError
-from vitpose.files import as_path, atomic_path, opencv_path
+from vitpose.files import as_path, create_private, free_space, opencv_path, rename_into_place
 from vitpose.inference.draw import draw_people
 from vitpose.inference.pipeline import VIDEO_SUFFIXES, ResultsFile, coco_records, read_boxes_file
 from vitpose.inference.results import Poses
 from vitpose.inference.tracking import DetectionSchedule, KeypointSmoother, Tracker
 
-__all__ = ["FrameReader", "VideoError", "VideoFile", "VideoSummary", "check_video_file", "open_video_writer", "output_video_path",
+__all__ = ["FrameReader", "VideoError", "VideoFile", "VideoWriteError", "VideoSummary", "check_video_file", "open_video_writer", "output_video_path",
            "run_video"]
 
 STAGES = ("decode", "detect", "crop", "pose", "decode heatmaps", "track", "draw", "write")
@@ -195,15 +195,25 @@ def open_video_writer(path: Path, fps: float, size) -> VideoFile:
     return VideoFile(path, fps, size)
 
 
+class VideoWriteError(UserError):
+    """The drawn video could not be written (disk full, a size limit): one line; no file is left."""
+
+    exit_status = 1
+
+
 class VideoFile:
     """A video being written to `path`, with OpenCV's VideoWriter's `write(bgr)` and `release()`.
 
-    The frames go to an ASCII-named temporary file beside `path` (`.vitpose-video.XXXXXXXX.mp4`:
-    OpenCV picks the container by the suffix, and crashes on names that are not UTF-8; such a
-    folder is reached through `vitpose.files.opencv_path`'s link). `release()` closes it (OpenCV
-    writes the container's index: a playable file) and renames it over `path` with
-    `vitpose.files.atomic_path`'s rules (fsynced, the umask's mode, the folder fsynced). A run
-    stopped by SIGINT/SIGTERM releases it too, so the video it leaves plays up to the last frame."""
+    The frames go to an ASCII-named file `video.mp4` in a new private folder beside `path`
+    (`.vitpose-video.XXXXXXXX.tmp/`, `vitpose.files.create_private`: OpenCV opens it by name, and
+    nobody else can put a link there first; OpenCV picks the container by the suffix, and crashes
+    on names that are not UTF-8; such a folder is reached through `vitpose.files.opencv_path`'s link). `release()` closes it
+    (OpenCV writes the container's index: a playable file), checks it (OpenCV's writer reports no
+    error: a full disk only prints warnings, and leaves a file that does not open or lacks frames),
+    and renames it over `path` with `vitpose.files.rename_into_place` (checked to be the file made
+    here, fsynced, the umask's mode, the folder fsynced). A file that does not hold the frames
+    written is deleted and `VideoWriteError` says so. A run stopped by SIGINT/SIGTERM releases it
+    too, so the video it leaves plays up to the last frame."""
 
     def __init__(self, path, fps: float, size):
         self.path = as_path(path)
@@ -211,26 +221,62 @@ class VideoFile:
         suffix = self.path.suffix.lower()
         self.fourcc = {".mp4": "mp4v", ".mov": "mp4v", ".m4v": "mp4v", ".avi": "MJPG", ".webm": "VP80"}.get(suffix,
                                                                                                        "XVID")
-        fd, self.staged = tempfile.mkstemp(prefix=".vitpose-video.", suffix=suffix if suffix.isascii() else ".mp4",
-                                           dir=self.path.parent)
-        os.close(fd)
+        self.frames = 0
+        self.stage, self.staged, self.created = create_private(
+            self.path, "video" + (suffix if suffix.isascii() else ".mp4"), prefix=".vitpose-video.")
         with opencv_path(self.staged) as name:  # the writer has the file open once it is built
             self.writer = cv2.VideoWriter(name, cv2.VideoWriter_fourcc(*self.fourcc), float(fps), tuple(size))
         if not self.writer.isOpened():
             self.writer.release()
-            os.unlink(self.staged)
+            shutil.rmtree(self.stage, ignore_errors=True)
             raise VideoError(f"--out: cannot write the video {self.path} (codec {self.fourcc}; is the folder "
                              f"writable?)")
 
     def write(self, bgr: np.ndarray) -> None:
         self.writer.write(bgr)
+        self.frames += 1
 
     def release(self) -> None:
+        """Close, check and rename into place; VideoWriteError (the staged file deleted) when the
+        file does not hold the frames written."""
         self.writer.release()
         if not os.path.exists(self.staged):  # released before
             return
-        with atomic_path(self.path) as target_tmp:
-            os.replace(self.staged, target_tmp)
+        try:
+            problem = self._unreadable()
+            if problem is not None:
+                raise VideoWriteError(f"--out: could not write the video {self.path}: {problem} after "
+                                      f"{self.frames} frames were written (disk full? "
+                                      f"{free_space(self.path.parent)} on its filesystem); no video was left. "
+                                      f"Free some space or choose another place")
+            rename_into_place(self.staged, self.path, self.created)
+        finally:
+            shutil.rmtree(self.stage, ignore_errors=True)
+
+    def _unreadable(self) -> str | None:
+        """Why the closed file does not hold the frames written (None: it does): it must open, declare
+        that many frames and give the last one; a file that declares another count is decoded through."""
+        if self.frames == 0:
+            return None
+        with opencv_path(self.staged) as name:
+            capture = cv2.VideoCapture(name)
+            try:
+                if not capture.isOpened():
+                    return "the file does not open as a video"
+                declared = int(capture.get(cv2.CAP_PROP_FRAME_COUNT) or 0)
+                if declared == self.frames:
+                    capture.set(cv2.CAP_PROP_POS_FRAMES, self.frames - 1)
+                    if capture.read()[0]:
+                        return None
+                    capture.set(cv2.CAP_PROP_POS_FRAMES, 0)
+                decoded = 0
+                while capture.grab():
+                    decoded += 1
+                if decoded == self.frames:
+                    return None
+                return f"only {decoded} of its {self.frames} frames decode"
+            finally:
+                capture.release()
 
 
 @dataclass
@@ -258,16 +304,18 @@ class VideoSummary:
     pipeline: str = "threads"
     interrupted: bool = False
     notes: list[str] = field(default_factory=list)
+    video_error: str | None = None  # the drawn video could not be written (VideoWriteError)
 
     @property
     def exit_status(self) -> int:
         """130 when interrupted; 2 when no frame decoded at all; 1 when frames failed (decode,
-        detector, model) or the video ended early (as for images that fail); else 0."""
+        detector, model), the video ended early (as for images that fail) or the drawn video could
+        not be written; else 0."""
         if self.interrupted:
             return 130
         if self.frames_decoded == 0 and self.resumed_from == 0:
             return 2
-        return 1 if (self.skipped or self.failed or self.missing_at_end) else 0
+        return 1 if (self.skipped or self.failed or self.missing_at_end or self.video_error) else 0
 
     @property
     def frames_per_second(self) -> float:
@@ -295,12 +343,15 @@ class VideoSummary:
         if self.interrupted:
             partial = bool(self.json_path) and self.json_path.endswith(".partial")
             lines.append(f"  interrupted: stopped by the user after {self.frames_done} frames"
-                         + ("; the results so far are in " + self.json_path + " (the earlier file is unchanged)"
+                         + ("; the results so far are in " + self.json_path + " (the earlier file is unchanged; "
+                            "run again with --resume to finish them)"
                             if partial else "; run again with --resume to finish the JSON" if self.json_path else ""))
         lines += [f"  {note}" for note in self.notes]
         if self.detector_frames is not None:
             lines.append(f"  detector ran on {self.detector_frames} of {self.frames_done} frames "
                          f"(--det-every {self.det_every}; poses carried the boxes between)")
+        if self.video_error:
+            lines.append(f"  {self.video_error}")
         if self.video_path:
             lines.append(f"  wrote {self.video_path} ({self.frames_written} frames at {self.fps:g} frames/s)")
         if self.json_path:
@@ -337,6 +388,28 @@ class _Writer:
         self.keypoint_thr = float(getattr(args, "keypoint_threshold", None) or 0.3)
         self.next_index = None  # the next source frame the video needs
         self.last_drawn = None
+        if self.tracker is not None and self.report_ids and results is not None and results.done:
+            self._replay_tracks(results)
+
+    def _replay_tracks(self, results) -> None:
+        """--resume with --track: the tracker goes through the frames already in the JSON with the
+        ids given then, so that a person keeps their id across the stop and new people get new ids."""
+        frame, rows = None, []
+        for record in [*results.kept_records(), None]:
+            if record is not None and "track_id" not in record:
+                self.summary.notes.append("the resumed JSON has no track ids (an earlier run without --track): "
+                                          "track ids start again at 0")
+                return
+            if rows and (record is None or record["frame"] != frame):
+                x, y, w, h = np.asarray([r["bbox"] for r in rows], np.float64).T
+                flat = np.asarray([[np.nan if v is None else v for v in r["keypoints"]] for r in rows], np.float64)
+                flat = flat.reshape(len(rows), -1, 3)
+                self.tracker.replay(np.stack([x, y, x + w, y + h], 1), [r["track_id"] for r in rows],
+                                    flat[..., :2], flat[..., 2], frame=frame)
+                rows = []
+            if record is not None:
+                frame = record["frame"]
+                rows.append(record)
 
     def __call__(self, frame: Frame, poses: Poses | None) -> None:
         """One frame's people (None: the predictor failed on it; the video repeats the last picture)."""
@@ -389,7 +462,11 @@ class _Writer:
     def close(self, completed: bool) -> None:
         with self.timer.stage("write"):
             if self.video is not None:
-                self.video.release()  # writes the container's index: a playable file
+                try:
+                    self.video.release()  # writes the container's index: a playable file
+                except VideoWriteError as e:  # the JSON is closed all the same
+                    self.summary.video_path = None
+                    self.summary.video_error = str(e)
             if self.results is not None:
                 self.summary.json_path = str(self.results.close(completed))
                 if self.results.nonfinite:
@@ -427,7 +504,7 @@ def _predict_frames(predictor, frames: list[Frame], boxes, failed: list[str],
     given = None
     if table is not None:
         given = [np.concatenate([d.boxes, d.scores[:, None]], axis=1)
-                 for d in (table.lookup(key, f.index) for f in frames)]
+                 for d in (table.lookup(key, f.index, (f.bgr.shape[1], f.bgr.shape[0])) for f in frames)]
     try:
         found = predictor([f.bgr for f in frames], boxes=given, channels="bgr")
     except Exception as e:  # noqa: BLE001 - any failure on one frame's pixels costs that frame

@@ -18,15 +18,17 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
 from vitpose.coco_meta import PIXEL_MEAN, PIXEL_STD
+from vitpose.codecs.choice import CODEC_CLASSES, build_codec, codec_class
 from vitpose.errors import UserError
 
 __all__ = ["EXPERTS", "EXPERT_ALIASES", "METADATA_KEY", "SKELETON_FIELDS", "ModelSpec", "SpecError",
-           "expert_name", "spec_of_model"]
+           "check_flip_indices", "expert_name", "spec_of_model"]
 
 METADATA_KEY = "vitpose.model_spec"  # safetensors / ONNX metadata key and checkpoint entry name
 FORMAT_VERSION = 1
@@ -38,9 +40,12 @@ EXPERT_ALIASES = {"wholebody": "coco_wholebody", "coco-wholebody": "coco_wholebo
                   "apt-36k": "apt36k", "ai_challenger": "aic"}
 
 # The fields of `vitpose.data.DatasetInfo` a spec records (its `source` and `defaulted` are not).
+# Files written before a skeleton named its metric and detector classes lack those four; the
+# DatasetInfo made from such a record fills them as a skeleton file without them does.
 SKELETON_FIELDS = ("name", "keypoint_names", "flip_indices", "upper_body_ids", "lower_body_ids",
-                   "joint_weights", "sigmas", "skeleton", "keypoint_colors", "link_colors", "annotation_format")
-CODECS = ("UDPHeatmap", "MSRAHeatmap")
+                   "joint_weights", "sigmas", "skeleton", "keypoint_colors", "link_colors", "annotation_format",
+                   "metric", "pck_normalizer", "pck_threshold", "detector_classes")
+CODECS = tuple(CODEC_CLASSES)  # "UDPHeatmap", "MSRAHeatmap" (`vitpose.codecs.choice`)
 
 
 class SpecError(UserError, ValueError):
@@ -65,10 +70,38 @@ def expert_name(expert, num_experts: int = len(EXPERTS), origin: str = "expert")
     raise SpecError(f"{origin}: expert={expert!r} is not one of the file's {num_experts} experts: {choices}")
 
 
+def check_flip_indices(flip_indices, num_keypoints: int, where: str) -> list[int]:
+    """The flip order as a list, checked: one entry per keypoint, a set of swaps (a permutation that
+    is its own inverse). SpecError starting with `where` otherwise (the rule `DatasetInfo` applies
+    to a skeleton file, here without `vitpose.data`, so that the ONNX runtime can use it)."""
+    ok = isinstance(flip_indices, (list, tuple)) and all(
+        isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in flip_indices)
+    if not ok or len(flip_indices) != num_keypoints:
+        raise SpecError(f"{where}: flip_indices must be {num_keypoints} keypoint indices, got {flip_indices!r}")
+    order = [int(i) for i in flip_indices]
+    if sorted(order) != list(range(num_keypoints)) or any(order[j] != i for i, j in enumerate(order)):
+        raise SpecError(f"{where}: flip_indices is not a set of swaps (each keypoint mirrors to one whose mirror "
+                        f"is it): {order}")
+    return order
+
+
 def _pair(value, what: str) -> tuple[int, int]:
-    if not (isinstance(value, (list, tuple)) and len(value) == 2):
-        raise SpecError(f"model spec: {what} must be (w, h), got {value!r}")
+    if not (isinstance(value, (list, tuple)) and len(value) == 2
+            and all(isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and v == int(v)
+                    and v > 0 for v in value)):
+        raise SpecError(f"model spec: {what} must be (w, h), two positive integers, got {value!r}")
     return int(value[0]), int(value[1])
+
+
+def _channels(value, what: str, positive: bool) -> tuple[float, float, float]:
+    """Three finite per-channel numbers (RGB on the 0-255 scale); positive ones for a std."""
+    ok = isinstance(value, (list, tuple)) and len(value) == 3 and all(
+        isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and (v > 0 or not positive)
+        for v in value)
+    if not ok:
+        rule = "three positive finite numbers" if positive else "three finite numbers"
+        raise SpecError(f"model spec: {what} must be {rule} (RGB, 0-255 scale), got {value!r}")
+    return tuple(float(v) for v in value)
 
 
 @dataclass(frozen=True)
@@ -110,12 +143,14 @@ class ModelSpec:
         set_(self, "input_size", _pair(self.input_size, "input_size"))
         set_(self, "heatmap_size", _pair(self.heatmap_size, "heatmap_size"))
         set_(self, "deconv_channels", tuple(int(c) for c in self.deconv_channels))
-        set_(self, "pixel_mean", tuple(float(v) for v in self.pixel_mean))
-        set_(self, "pixel_std", tuple(float(v) for v in self.pixel_std))
+        set_(self, "pixel_mean", _channels(self.pixel_mean, "pixel_mean", positive=False))
+        set_(self, "pixel_std", _channels(self.pixel_std, "pixel_std", positive=True))
         for name in ("num_keypoints", "embed_dim", "depth", "num_heads", "patch_size"):
             set_(self, name, int(getattr(self, name)))
         set_(self, "mlp_ratio", float(self.mlp_ratio))
         set_(self, "sigma", float(self.sigma))
+        if not (math.isfinite(self.sigma) and self.sigma > 0):
+            raise SpecError(f"model spec: sigma must be a positive number, got {self.sigma!r}")
         if self.decoder not in ("classic", "simple"):
             raise SpecError(f"model spec: decoder must be 'classic' or 'simple', got {self.decoder!r}")
         if self.codec not in CODECS:
@@ -132,6 +167,8 @@ class ModelSpec:
         if len(self.skeleton["keypoint_names"]) != self.num_keypoints:
             raise SpecError(f"model spec: the skeleton {self.skeleton.get('name')!r} has "
                             f"{len(self.skeleton['keypoint_names'])} keypoints, the model {self.num_keypoints}")
+        check_flip_indices(self.skeleton.get("flip_indices"), self.num_keypoints,
+                           f"model spec: the skeleton {self.skeleton.get('name')!r}")
 
     # ------------------------------------------------------------------ plain data
 
@@ -161,9 +198,8 @@ class ModelSpec:
         try:
             return cls(**data, origin=origin)
         except (TypeError, ValueError) as e:
-            if isinstance(e, SpecError):
-                raise
-            raise SpecError(f"model spec ({origin}): {e}") from None
+            message = str(e).removeprefix("model spec: ")
+            raise SpecError(f"model spec ({origin}): {message}") from None
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, allow_nan=False)
@@ -199,12 +235,13 @@ class ModelSpec:
         return model
 
     def build_codec(self):
-        """The heatmap codec of the spec."""
-        from vitpose.codecs.msra import MSRAHeatmap
-        from vitpose.codecs.udp import UDPHeatmap
+        """The heatmap codec of the spec (`vitpose.codecs.build_codec`, the one codec builder)."""
+        return build_codec(self.codec, self.input_size, self.heatmap_size, self.sigma)
 
-        codec_class = UDPHeatmap if self.codec == "UDPHeatmap" else MSRAHeatmap
-        return codec_class(self.input_size, self.heatmap_size, self.sigma)
+    @property
+    def flip_shift(self) -> bool:
+        """Whether the flip test shifts the flipped-back heatmaps one cell (the codec's rule)."""
+        return bool(codec_class(self.codec).flip_shift)
 
 
 def spec_of_model(model, **fields_) -> ModelSpec:

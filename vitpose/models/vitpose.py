@@ -4,6 +4,7 @@ import torch
 from torch import nn
 
 from vitpose.coco_meta import FLIP_INDICES
+from vitpose.codecs.flip import flip_average, flip_heatmaps
 from vitpose.models.heads import ClassicHead, SimpleHead
 from vitpose.models.vit import VisionTransformer
 
@@ -84,31 +85,43 @@ def build_model(name, decoder="classic", num_keypoints=17, **kwargs):
     return ViTPose(backbone, head)
 
 
-def flip_views(model, x, flip_indices=None):
-    """The two views of the flip test: model(x) and the mirrored crop's heatmaps flipped back.
+def flip_test(model, x, flip_indices=None, shift=False):
+    """Average of model(x) and the heatmaps of the mirrored crop flipped back.
 
     Both crops run as one batch; `flip_indices` (None: COCO-17) reorders left/right channels:
-    one entry per heatmap channel (a dataset's `DatasetInfo.flip_indices`). Where the two views
+    one entry per heatmap channel (a dataset's `DatasetInfo.flip_indices`). `shift`: move the
+    flipped-back maps one cell right (the MSRA codec's alignment, `codec.flip_shift`; UDP: no
+    shift). The average is `vitpose.codecs.flip_average`, the one definition the ONNX runtime
+    and exported graphs use too; this function is itself what `vitpose export --flip-test` bakes in.
+    """
+    flip_indices = list(FLIP_INDICES if flip_indices is None else flip_indices)
+    n = x.shape[0]
+    both = model(torch.cat([x, x.flip(-1)]))
+    if len(flip_indices) != both.shape[1]:
+        raise ValueError(f"flip_test: the model predicts {both.shape[1]} heatmaps but {len(flip_indices)} flip "
+                         "indices were given (None means COCO's 17): pass the skeleton's, e.g. "
+                         "vitpose.data.dataset_info(name).flip_indices")
+    # Slices, not `chunk(2)`: torch.export proves `chunk` of 2N rows specialises N.
+    return flip_average(both[:n], both[n:], flip_indices, shift)
+
+
+def flip_views(model, x, flip_indices=None, shift=False):
+    """The flip test and its two views from one batch of 2N, as (averaged, plain, flipped_back).
+
+    averaged: exactly `flip_test(model, x, flip_indices, shift)` (`flip_average` of the same two
+    halves); plain: model(x); flipped_back: the mirrored crops' heatmaps turned back by
+    `vitpose.codecs.flip_heatmaps` (the flip test's own step). Where plain and flipped_back
     disagree the model is unsure of left and right (`vitpose select` ranks frames by it).
     """
     flip_indices = list(FLIP_INDICES if flip_indices is None else flip_indices)
-    heatmaps, flipped = model(torch.cat([x, x.flip(-1)])).chunk(2)
-    if len(flip_indices) != heatmaps.shape[1]:
-        raise ValueError(f"flip_test: the model predicts {heatmaps.shape[1]} heatmaps but {len(flip_indices)} flip "
+    n = x.shape[0]
+    both = model(torch.cat([x, x.flip(-1)]))
+    if len(flip_indices) != both.shape[1]:
+        raise ValueError(f"flip_views: the model predicts {both.shape[1]} heatmaps but {len(flip_indices)} flip "
                          "indices were given (None means COCO's 17): pass the skeleton's, e.g. "
                          "vitpose.data.dataset_info(name).flip_indices")
-    return heatmaps, flipped.flip(-1)[:, flip_indices]
+    plain, mirrored = both[:n], both[n:]
+    return flip_average(plain, mirrored, flip_indices, shift), plain, flip_heatmaps(mirrored, flip_indices, shift)
 
 
-def flip_test(model, x, flip_indices=None):
-    """Average of model(x) and the heatmaps of the mirrored crop flipped back (no 1-px shift):
-    the mean of `flip_views`."""
-    return average_flip_views(*flip_views(model, x, flip_indices))
-
-
-def average_flip_views(heatmaps, mirrored):
-    """The flip test's heatmaps from its two views (`flip_views`): their mean."""
-    return (heatmaps + mirrored) * 0.5
-
-
-__all__ = ["DECODERS", "MODEL_SIZES", "ViTPose", "build_model", "average_flip_views", "flip_test", "flip_views"]
+__all__ = ["DECODERS", "MODEL_SIZES", "ViTPose", "build_model", "flip_test", "flip_views"]

@@ -1,0 +1,105 @@
+"""`vitpose serve` as a subprocess for the tests: start it on 127.0.0.1 with a free port, talk HTTP.
+
+Every wait is bounded: the server must say its address within `STARTUP_S`, each request has a
+socket timeout, and `stop` kills what did not exit. http.client talks to the server directly (no
+proxy from the environment can come between).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+
+from conftest import REPO
+
+STARTUP_S = 120  # loading torch and the model on a loaded 2-core CI machine
+
+
+class Server:
+    def __init__(self, proc: subprocess.Popen, port: int, lines: queue.Queue):
+        self.proc, self.port, self.lines = proc, port, lines
+
+    def request(self, method: str, path: str, body: bytes | None = None, headers=None, timeout: float = 60):
+        """(status, headers, body bytes) of one request on its own connection."""
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            connection.request(method, path, body=body, headers=headers or {})
+            response = connection.getresponse()
+            return response.status, dict(response.getheaders()), response.read()
+        finally:
+            connection.close()
+
+    def json(self, method: str, path: str, body=None, headers=None, timeout: float = 60):
+        status, _, data = self.request(method, path, body, headers, timeout)
+        return status, json.loads(data)
+
+    def metric(self, name: str, headers=None) -> float:
+        status, _, text = self.request("GET", "/metrics", headers=headers)
+        assert status == 200, text
+        for line in text.decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        raise AssertionError(f"/metrics has no {name}")
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(10)
+
+
+def start_server(args, cwd: Path) -> Server:
+    """`python -m vitpose serve ARGS --host 127.0.0.1 --port 0`, once it listens (its port read from stdout)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    proc = subprocess.Popen([sys.executable, "-m", "vitpose", "serve", *map(str, args), "--host", "127.0.0.1",
+                             "--port", "0"], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    lines: queue.Queue = queue.Queue()
+
+    def read():
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    seen = []
+    while True:
+        try:
+            line = lines.get(timeout=STARTUP_S)
+        except queue.Empty:
+            proc.kill()
+            raise AssertionError(f"vitpose serve did not listen within {STARTUP_S} s: {''.join(seen)}") from None
+        if line is None:
+            raise AssertionError(f"vitpose serve exited ({proc.wait()}) before listening: {''.join(seen)}")
+        seen.append(line)
+        if line.startswith("vitpose serve: http://127.0.0.1:"):
+            port = int(line.split("http://127.0.0.1:")[1].split("/")[0])
+            return Server(proc, port, lines)
+
+
+def multipart(fields: dict) -> tuple[bytes, dict]:
+    """(body, headers) of a multipart/form-data request; a field's value is text or (file name, bytes)."""
+    boundary = uuid.uuid4().hex
+    parts = []
+    for name, value in fields.items():
+        if isinstance(value, tuple):
+            filename, data = value
+            head = (f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{filename}"\r\n'
+                    f"Content-Type: application/octet-stream\r\n\r\n").encode()
+        else:
+            head = f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n'.encode()
+            data = str(value).encode()
+        parts.append(head + data + b"\r\n")
+    body = b"".join(parts) + f"--{boundary}--\r\n".encode()
+    return body, {"Content-Type": f"multipart/form-data; boundary={boundary}"}

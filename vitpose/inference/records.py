@@ -1,0 +1,62 @@
+"""What `vitpose predict --json` writes for one image, for every caller that must write the same.
+
+`image_records(poses, file_name, image_id, image_size)` is the records of one image (COCO keypoint
+results, `coco_records`), with the image's width and height added when a pre-annotation format
+needs them; `render_records(records, fmt, skeleton, mark_below)` turns records into the text of
+`--format labelstudio | cvat` (`vitpose.data.annotation_formats`' writers). `vitpose predict` and
+`vitpose serve` both call these two, so the server's answer for an image and the command's file for
+it cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import json
+
+from vitpose.errors import UserError
+from vitpose.inference.pipeline import coco_records
+
+__all__ = ["FORMATS", "image_records", "labelstudio_tasks", "render_records"]
+
+FORMATS = ("coco", "labelstudio", "cvat")
+
+
+def image_records(poses, file_name: str, image_id: int, image_size=None) -> tuple[list[dict], int]:
+    """The records of one image's `Poses` -> (records, non-finite values written as null).
+
+    image_size: (height, width) of the image (an image's `.shape[:2]`) to add as `width` and
+    `height` (the pre-annotation formats place points in percent of the image); None: COCO only.
+    """
+    records, nonfinite = coco_records(poses, image_id=image_id, file_name=file_name)
+    if image_size is not None:
+        height, width = int(image_size[0]), int(image_size[1])
+        records = [{**r, "width": width, "height": height} for r in records]
+    return records, nonfinite
+
+
+def _check_keypoint_count(records: list[dict], skeleton, fmt: str) -> None:
+    K = len(records[0]["keypoints"]) // 3 if records else skeleton.num_keypoints
+    if K != skeleton.num_keypoints:
+        raise UserError(f"--format {fmt}: the model predicts {K} keypoints but the skeleton {skeleton.name!r} "
+                        f"names {skeleton.num_keypoints}; give the model's training config with --config")
+
+
+def labelstudio_tasks(records: list[dict], skeleton, mark_below: float, **names) -> list[dict]:
+    """Label Studio tasks with predictions of the records (`names`: the labelling config's control
+    and object names, `to_labelstudio_tasks`' keywords)."""
+    from vitpose.data import annotation_formats
+
+    _check_keypoint_count(records, skeleton, "labelstudio")
+    return annotation_formats.to_labelstudio_tasks(records, skeleton.keypoint_names, mark_below=mark_below, **names)
+
+
+def render_records(records: list[dict], fmt: str, skeleton, mark_below: float) -> str:
+    """records (with width and height) -> the text of `--format labelstudio` (JSON tasks) or `cvat` (XML)."""
+    from vitpose.data import annotation_formats
+
+    if fmt == "labelstudio":
+        return json.dumps(labelstudio_tasks(records, skeleton, mark_below), indent=1)
+    if fmt == "cvat":
+        _check_keypoint_count(records, skeleton, fmt)
+        return annotation_formats.to_cvat_xml(records, skeleton.keypoint_names, skeleton.skeleton,
+                                              mark_below=mark_below)
+    raise ValueError(f"format must be 'labelstudio' or 'cvat', got {fmt!r}")
