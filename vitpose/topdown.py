@@ -18,9 +18,10 @@ from vitpose.codecs.decode import decode_to_image
 from vitpose.data.pixels import normalize_images
 from vitpose.models.spec import ModelSpec
 from vitpose.models.vitpose import flip_test as run_flip_test
+from vitpose.models.vitpose import flip_views as run_flip_views
 from vitpose.models.wrappers import unwrap_model
 
-__all__ = ["forward_heatmaps", "heatmaps_to_keypoints", "model_input_spec"]
+__all__ = ["forward_flip_views", "forward_heatmaps", "heatmaps_to_keypoints", "model_input_spec"]
 
 DEFAULT_SPEC = ModelSpec(origin="default")
 
@@ -42,13 +43,33 @@ def forward_heatmaps(model, images: torch.Tensor, flip_test: bool = True, amp_dt
     torch.float16) runs the model under autocast.
     """
     spec = model_input_spec(model)
-    x = normalize_images(images, spec.pixel_mean, spec.pixel_std)  # TypeError / ValueError unless uint8 (N, 3, H, W)
     shift = spec.flip_shift if flip_shift is None else bool(flip_shift)
+    with _autocast(images, amp_dtype, spec) as x:
+        heatmaps = run_flip_test(model, x, flip_indices, shift) if flip_test else model(x)
+    return heatmaps.float()
+
+
+def forward_flip_views(model, images: torch.Tensor, amp_dtype=None, flip_indices: Sequence[int] | None = None,
+                       flip_shift: bool | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The flip test's result and its two views of uint8 RGB crops, each (N, K, H, W) float32:
+    (averaged, plain, flipped_back) of `vitpose.models.vitpose.flip_views`, with the input
+    normalised and `flip_shift` defaulted as in `forward_heatmaps`, so `averaged` is what
+    `forward_heatmaps(flip_test=True)` returns."""
+    spec = model_input_spec(model)
+    shift = spec.flip_shift if flip_shift is None else bool(flip_shift)
+    with _autocast(images, amp_dtype, spec) as x:
+        views = run_flip_views(model, x, flip_indices, shift)
+    return tuple(view.float() for view in views)
+
+
+@contextlib.contextmanager
+def _autocast(images: torch.Tensor, amp_dtype, spec: ModelSpec):
+    """The input normalised with the spec's pixel mean/std, under autocast when `amp_dtype` is given."""
+    x = normalize_images(images, spec.pixel_mean, spec.pixel_std)  # TypeError / ValueError unless uint8 (N, 3, H, W)
     autocast = (torch.autocast(x.device.type, dtype=amp_dtype) if amp_dtype is not None
                 else contextlib.nullcontext())
     with autocast:
-        heatmaps = run_flip_test(model, x, flip_indices, shift) if flip_test else model(x)
-    return heatmaps.float()
+        yield x
 
 
 # The one decode of validation and prediction (heatmaps (B, K, H, W), center, scale, codec ->

@@ -1,6 +1,7 @@
 """The `vitpose` command: one console script, one subcommand per module, one error handler.
 
-    vitpose train | evaluate | predict | export | tune | check-data | build-crop-cache | plot | import-annotations | serve
+    vitpose train | evaluate | predict | export | tune | check-data | build-crop-cache | plot | import-annotations
+            | serve | select | audit
 
 Each command module has `add_parser(subparsers)` (which sets `run` as its parser's default) and
 `run(args) -> exit status`. Adding a command is one line in `COMMANDS`. Every subcommand's parser
@@ -27,12 +28,25 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from vitpose.cli import build_crop_cache, check_data, evaluate, import_annotations, plot, predict, serve, train, tune
+from vitpose.cli import (
+    audit,
+    build_crop_cache,
+    check_data,
+    evaluate,
+    import_annotations,
+    plot,
+    predict,
+    select,
+    serve,
+    train,
+    tune,
+)
 from vitpose.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_STATUSES, UserError
 from vitpose.inference import export
 
 # The subcommands, in the order `vitpose --help` lists them.
-COMMANDS = (train, evaluate, predict, export, tune, check_data, build_crop_cache, plot, import_annotations, serve)
+COMMANDS = (train, evaluate, predict, export, tune, check_data, build_crop_cache, plot, import_annotations, serve,
+            select, audit)
 
 SHARED = ("--config", "--set", "--device", "--debug")
 CONFIG_HELP = ("run config: a YAML file or the name of a shipped config (e.g. vitpose-s_coco_256x192, demo; "

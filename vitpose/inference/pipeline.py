@@ -29,7 +29,7 @@ from vitpose.data.geometry import bbox_xywh2xyxy, person_boxes_to_center_scale
 from vitpose.data.transforms import topdown_crops
 from vitpose.errors import UserError
 from vitpose.files import create_exclusive, fsync_dir, open_stream, stream_kind, write_atomic, write_error
-from vitpose.inference.results import Detections, Poses, StageTimer
+from vitpose.inference.results import Detections, FlipViews, Poses, StageTimer
 
 __all__ = ["PARTIAL_SUFFIX", "BoxTable", "ResultsFile", "TopDown", "classify_source", "coco_records", "image_ids",
            "partial_files", "read_boxes_file", "read_records"]
@@ -106,6 +106,12 @@ class TopDown:
         box_format: "xyxy" | "xywh" (caller boxes).
         The crops of all the images go through the network together, `batch_size` at a time.
         """
+        single, images, found = self._people(images, boxes, box_format, channels)
+        poses = self._pose(images, found, channels)
+        return poses[0] if single else poses
+
+    def _people(self, images, boxes, box_format: str, channels: str):
+        """`__call__`'s and `flip_views`'s arguments checked: (single, images, [Detections] per image)."""
         if channels not in ("rgb", "bgr"):
             raise ValueError(f"channels must be 'rgb' or 'bgr', got {channels!r}")
         single = not isinstance(images, (list, tuple))
@@ -125,8 +131,7 @@ class TopDown:
                     raise ValueError(f"box {j}{'' if single else f' of image {i}'} [{box}] (xyxy) "
                                      f"lies far outside the {image.shape[1]}x{image.shape[0]} image (it misses it or "
                                      f"spans over {MAX_BOX_SPAN}x its size): boxes for another image or size?")
-        poses = self._pose(images, found, channels)
-        return poses[0] if single else poses
+        return single, images, found
 
     def _pose(self, images, found: list[Detections], channels: str) -> list[Poses]:
         """Crops of every box of every image -> network in batches -> keypoints, split per image."""
@@ -163,16 +168,52 @@ class TopDown:
 
     def _keypoints_of_crops(self, crops, center: np.ndarray, fixed_scale: np.ndarray):
         """uint8 RGB crops (N, 3, h, w) -> keypoints (N, K, 2) image pixels, scores (N, K)."""
-        keypoints, scores = [], []
+        return self._decode_views(crops, center, fixed_scale, lambda batch: (self.run_network(batch),))[0]
+
+    def _decode_views(self, crops, center: np.ndarray, fixed_scale: np.ndarray, network):
+        """`network(crops) -> (heatmaps, ...)` in batches, each heatmap view decoded to image
+        pixels: [(keypoints (N, K, 2), scores (N, K)) per view]."""
+        views = None
         for start in range(0, len(center), self.batch_size):
             stop = start + self.batch_size
             with self.timer.stage("pose"):
-                heatmaps = self.run_network(crops[start:stop])
+                outputs = network(crops[start:stop])
             with self.timer.stage("decode heatmaps"):
-                kpts, kpt_scores = decode_to_image(self.codec, heatmaps, center[start:stop], fixed_scale[start:stop])
-                keypoints.append(kpts)
-                scores.append(kpt_scores)
-        return np.concatenate(keypoints), np.concatenate(scores)
+                views = views or [([], []) for _ in outputs]
+                for (keypoints, scores), heatmaps in zip(views, outputs):
+                    kpts, kpt_scores = decode_to_image(self.codec, heatmaps, center[start:stop],
+                                                       fixed_scale[start:stop])
+                    keypoints.append(kpts)
+                    scores.append(kpt_scores)
+        return [(np.concatenate(keypoints), np.concatenate(scores)) for keypoints, scores in views]
+
+    def run_network_views(self, crops):
+        """uint8 RGB crops -> (flip-averaged, plain, mirrored-and-flipped-back) heatmaps; a
+        predictor that can run the two views separately defines it (`Predictor`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not give the flip test's two views; "
+                                  f"use the PyTorch Predictor")
+
+    def flip_views(self, images, boxes=None, box_format: str = "xyxy", channels: str = "rgb"):
+        """Like `__call__`, with the flip test's two views kept apart: for one image a
+        `FlipViews` (a list of them for a list of images): `poses` (the flip-averaged prediction,
+        what `__call__` returns), `plain` and `mirrored` keypoints (M, K, 2) and scores (M, K)
+        decoded from the plain forward and from the mirrored forward flipped back. Their
+        disagreement is a measure of the model's left/right doubt (`vitpose select`)."""
+        single, images, found = self._people(images, boxes, box_format, channels)
+        with self.timer.stage("crop"):
+            crops, centers, scales = self._crop_all(images, [d.boxes for d in found], channels)
+        k = self.num_keypoints
+        empty = (np.zeros((0, k, 2)), np.zeros((0, k), np.float32))
+        views = self._decode_views(crops, centers, scales, self.run_network_views) if len(centers) else [empty] * 3
+        out, start = [], 0
+        for boxes_here, box_scores in found:
+            stop = start + len(boxes_here)
+            part = [(kp[start:stop], sc[start:stop]) for kp, sc in views]
+            poses = Poses(np.asarray(boxes_here, np.float32).reshape(-1, 4), np.asarray(box_scores, np.float32),
+                          *part[0])
+            out.append(FlipViews(poses, *part[1], *part[2]))
+            start = stop
+        return out[0] if single else out
 
 
 def as_image(image) -> np.ndarray:

@@ -28,7 +28,7 @@ from vitpose.inference.pipeline import TopDown
 from vitpose.inference.results import Poses, StageTimer
 from vitpose.inference.warp import warp_affine_uint8
 from vitpose.models.wrappers import unwrap_model
-from vitpose.topdown import forward_heatmaps
+from vitpose.topdown import forward_flip_views, forward_heatmaps
 
 __all__ = ["Poses", "Predictor", "StageTimer"]
 
@@ -159,6 +159,15 @@ class Predictor(TopDown):
         heatmaps = forward_heatmaps(self.model, crops.to(self.device), self.flip_test, self.amp_dtype,
                                     self.flip_indices)
         return heatmaps.cpu().numpy()  # waits for the GPU: its time is charged to the "pose" stage
+
+    @torch.no_grad()
+    def run_network_views(self, crops):
+        """uint8 RGB crops -> (flip-averaged, plain, mirrored-and-flipped-back) heatmaps (N, K, H, W),
+        numpy: one forward of the crops and their mirrors (`vitpose.topdown.forward_flip_views`)."""
+        if isinstance(crops, np.ndarray):
+            crops = torch.from_numpy(np.ascontiguousarray(crops))
+        views = forward_flip_views(self.model, crops.to(self.device), self.amp_dtype, self.flip_indices)
+        return tuple(view.cpu().numpy() for view in views)  # averaged: what run_network returns with the flip test
 
     def _crop_all(self, images, boxes_of_images, channels: str):
         """With `warp_on_device` (default on CUDA) the crops are warped on the model's device by

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["Detections", "FullFrame", "Poses", "StageTimer"]
+__all__ = ["Detections", "FlipViews", "FullFrame", "Poses", "StageTimer"]
 
 
 class Detections(NamedTuple):
@@ -22,6 +22,18 @@ class Detections(NamedTuple):
 
     boxes: np.ndarray
     scores: np.ndarray
+
+
+class FlipViews(NamedTuple):
+    """One image's people with the flip test's two views kept apart (`TopDown.flip_views`):
+    `poses` the flip-averaged prediction; `plain` / `mirrored` keypoints (M, K, 2) image pixels and
+    their scores (M, K), decoded from the plain forward and the mirrored one flipped back."""
+
+    poses: Poses
+    plain: np.ndarray
+    plain_scores: np.ndarray
+    mirrored: np.ndarray
+    mirrored_scores: np.ndarray
 
 
 class FullFrame:

@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from vitpose.coco_meta import FLIP_INDICES
-from vitpose.codecs.flip import flip_average
+from vitpose.codecs.flip import flip_average, flip_heatmaps
 from vitpose.models.heads import ClassicHead, SimpleHead
 from vitpose.models.vit import VisionTransformer
 
@@ -105,4 +105,23 @@ def flip_test(model, x, flip_indices=None, shift=False):
     return flip_average(both[:n], both[n:], flip_indices, shift)
 
 
-__all__ = ["DECODERS", "MODEL_SIZES", "ViTPose", "build_model", "flip_test"]
+def flip_views(model, x, flip_indices=None, shift=False):
+    """The flip test and its two views from one batch of 2N, as (averaged, plain, flipped_back).
+
+    averaged: exactly `flip_test(model, x, flip_indices, shift)` (`flip_average` of the same two
+    halves); plain: model(x); flipped_back: the mirrored crops' heatmaps turned back by
+    `vitpose.codecs.flip_heatmaps` (the flip test's own step). Where plain and flipped_back
+    disagree the model is unsure of left and right (`vitpose select` ranks frames by it).
+    """
+    flip_indices = list(FLIP_INDICES if flip_indices is None else flip_indices)
+    n = x.shape[0]
+    both = model(torch.cat([x, x.flip(-1)]))
+    if len(flip_indices) != both.shape[1]:
+        raise ValueError(f"flip_views: the model predicts {both.shape[1]} heatmaps but {len(flip_indices)} flip "
+                         "indices were given (None means COCO's 17): pass the skeleton's, e.g. "
+                         "vitpose.data.dataset_info(name).flip_indices")
+    plain, mirrored = both[:n], both[n:]
+    return flip_average(plain, mirrored, flip_indices, shift), plain, flip_heatmaps(mirrored, flip_indices, shift)
+
+
+__all__ = ["DECODERS", "MODEL_SIZES", "ViTPose", "build_model", "flip_test", "flip_views"]

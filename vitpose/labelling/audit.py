@@ -1,0 +1,367 @@
+"""Which labels look wrong: rank the labelled people of a COCO file by how likely a label error is.
+
+The model predicts each labelled person in the label's own box (the one top-down pipeline, flip
+test on) and each label is compared with that prediction. A model is not an oracle: its errors
+differ per keypoint (a wrist is found far less precisely than an eye) and it is sometimes unsure.
+So the comparison is calibrated on the file itself (`Calibration`, medians over every labelled
+keypoint: robust to the few wrong labels being looked for): a keypoint's error r (its distance
+from the prediction over the box's size sqrt(w h)) is measured in units of the median error of
+its keypoint type, and each keypoint carries a trust: its score over its type's median score (at
+most 1), times exp(-(a / m)^2 / 8) where a is how far apart the flip test's plain and mirrored
+views put it (the model doubting itself) and m the type's median error.
+
+Checks, each a score in [0, 1] with its reason:
+
+- **swap**: left and right exchanged. The label with its left/right names exchanged by the
+  skeleton's flip pairs against the label as it is: trust-weighted mean similarity
+  exp(-(r / 2m)^2 / 2) with the prediction, over the labelled pairs. A gain of the exchanged
+  label over 0.1 is the tell-tale of a mirrored labelling.
+- **far**: a keypoint far from a trusted prediction: trust x (1 - exp(-max(r / m - 1, 0)^2 / 8))
+  (0 within the type's median error, ~0.4 at 3x, ~0.9 at 5x); the instance takes the mean of its
+  three worst keypoints (one keypoint far off is as often the model's own slip as the label's).
+- **visibility**: the flag disagrees with the model: labelled "not visible" (v=1) where the model
+  is clearly sure (score at or above its type's 90th percentile of visible points), or "visible"
+  (v=2) where it barely finds it (below the type's 5th percentile); the fraction of such keypoints.
+  Only as good as the model's scores tell visible from hidden (docs/labelling.md: the demo's do not).
+- **box**: the box does not cover the labelled keypoints: the largest distance of a labelled
+  keypoint outside the box, over the box's size (x4, at most 1).
+
+An instance's suspicion is 1 - prod(1 - check): one strong check or several weak ones rank it
+high. A high score is a reason to look, not proof: where the model is wrong, the label may be right.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from vitpose.errors import UserError
+
+__all__ = ["Calibration", "LabelledImage", "audit_instance", "audit_annotations", "calibrate", "ranked",
+           "read_labels", "suspicion"]
+
+SWAP_MARGIN = 0.1  # the similarity gain of the exchanged label that starts to count as a swap
+FAR_WORST = 3  # the far check is the mean of this many worst keypoints (one is often the model's own slip)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Per keypoint type (K,): the median error over the box's size, the median score, and the
+    scores above which a point is clearly seen / below which it is barely found (visible points)."""
+
+    error: np.ndarray
+    score: np.ndarray
+    clear: np.ndarray
+    faint: np.ndarray
+
+
+def suspicion(checks: dict) -> float:
+    """1 - prod(1 - check)."""
+    return float(1.0 - np.prod([1.0 - min(max(v, 0.0), 1.0) for v in checks.values()]))
+
+
+def _errors(label: np.ndarray, bbox, predicted) -> np.ndarray:
+    """Each keypoint's distance from the prediction over the box's size sqrt(w h)."""
+    return np.hypot(*(np.asarray(label[:, :2], np.float64) - np.asarray(predicted, np.float64)).T) / \
+        math.sqrt(max(float(bbox[2]) * float(bbox[3]), 1.0))
+
+
+def calibrate(labels: list[LabelledImage], lines: dict) -> Calibration:
+    """The medians of `Calibration` over every labelled keypoint of the file (a type never
+    labelled: the mean of the others)."""
+    errors, scores, visible = [], [], []
+    for image in labels:
+        line = lines[image.file_name]
+        for m in range(len(image.annotation_ids)):
+            label = image.keypoints[m]
+            errors.append(np.where(label[:, 2] > 0, _errors(label, image.boxes[m], line["predicted"][m]), np.nan))
+            scores.append(np.where(label[:, 2] > 0, line["scores"][m], np.nan))
+            visible.append(np.where(label[:, 2] == 2, line["scores"][m], np.nan))
+    with np.errstate(all="ignore"):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN column: a type never labelled
+            stats = [np.nanmedian(errors, 0), np.nanmedian(scores, 0), np.nanpercentile(visible, 90, 0),
+                     np.nanpercentile(visible, 5, 0)]
+    filled = []
+    for values, floor in zip(stats, (1e-3, 1e-3, 0.0, 0.0)):
+        values = np.where(np.isfinite(values), values, np.nanmean(values) if np.isfinite(values).any() else 1.0)
+        filled.append(np.maximum(values, floor))
+    return Calibration(*filled)
+
+
+def audit_instance(label: np.ndarray, bbox, predicted, scores, views_apart, skeleton,
+                   calibration: Calibration) -> tuple[dict, list, list]:
+    """The checks of one label (K, 3) (x, y, v) with box [x, y, w, h] against the prediction (K, 2),
+    its scores (K,) and views_apart (K,): (checks, reasons, keypoints that raised one)."""
+    names = skeleton.keypoint_names
+    flip = np.asarray(skeleton.flip_indices)
+    v = np.asarray(label[:, 2])
+    scores, apart = np.asarray(scores, np.float64), np.asarray(views_apart, np.float64)
+    x, y, w, h = (float(b) for b in bbox)
+    labelled = v > 0
+    typical = calibration.error
+    r = _errors(label, bbox, predicted)
+    trust = np.minimum(1.0, scores / calibration.score) * np.exp(-(apart / typical) ** 2 / 8) * labelled
+    checks, reasons, flagged = {}, [], []
+
+    # swap: the label with its left and right names exchanged against the label as it is
+    pairs = labelled & labelled[flip] & (flip != np.arange(len(flip)))
+    weight = np.minimum(trust, trust[flip]) * pairs
+    checks["swap"] = 0.0
+    if weight.sum() > 0:
+        exchanged = np.concatenate([label[flip, :2], label[:, 2:]], 1)
+        r_exchanged = _errors(exchanged, bbox, predicted)
+        as_is = float((np.exp(-(r / (2 * typical)) ** 2 / 2) * weight).sum() / weight.sum())
+        swapped = float((np.exp(-(r_exchanged / (2 * typical)) ** 2 / 2) * weight).sum() / weight.sum())
+        gain = swapped - as_is
+        if gain > SWAP_MARGIN:
+            checks["swap"] = float(np.clip((gain - SWAP_MARGIN) / 0.3 + 0.5, 0, 1))
+            reasons.append(f"left/right swapped? the label fits the prediction {as_is:.2f}, {swapped:.2f} with "
+                           f"left and right exchanged")
+
+    # far: a keypoint far from a trusted prediction, in units of its type's median error
+    far = trust * (1.0 - np.exp(-np.maximum(r / typical - 1.0, 0.0) ** 2 / 8))
+    checks["far"] = float(np.sort(far)[::-1][:FAR_WORST].mean()) if far.size else 0.0
+    for k in np.argsort(-far)[:3]:
+        if far[k] >= 0.3:
+            flagged.append((names[k], "far", round(float(far[k]), 3)))
+            reasons.append(f"{names[k]} is {r[k]:.0%} of the box from the prediction, {r[k] / typical[k]:.1f}x the "
+                           f"usual error of a {names[k]} (score {scores[k]:.2f})")
+
+    # visibility: the flag against what the model sees
+    hidden_but_clear = (v == 1) & (scores >= calibration.clear)
+    visible_but_faint = (v == 2) & (scores < calibration.faint)
+    odd = hidden_but_clear | visible_but_faint
+    checks["visibility"] = float(min(1.0, odd.sum() / max(labelled.sum(), 1)))
+    for k in np.flatnonzero(odd):
+        what = "labelled not visible, the model sees it clearly" if hidden_but_clear[k] else \
+            "labelled visible, the model barely finds it"
+        flagged.append((names[k], "visibility", round(float(scores[k]), 3)))
+        reasons.append(f"{names[k]}: {what} (score {scores[k]:.2f})")
+
+    # box: labelled keypoints outside the box
+    checks["box"] = 0.0
+    if labelled.any():
+        xy = np.asarray(label[labelled, :2], np.float64)
+        outside_x = np.maximum(np.maximum(x - xy[:, 0], xy[:, 0] - (x + w)), 0) / max(w, 1.0)
+        outside_y = np.maximum(np.maximum(y - xy[:, 1], xy[:, 1] - (y + h)), 0) / max(h, 1.0)
+        worst = float(np.maximum(outside_x, outside_y).max())
+        checks["box"] = float(min(1.0, 4 * worst))
+        if worst > 0:
+            reasons.append(f"the box misses labelled keypoints by up to {worst:.0%} of its size")
+    return {name: round(value, 4) for name, value in checks.items()}, reasons, flagged
+
+
+# ---------------------------------------------------------------------------------------------
+# The COCO file
+
+
+@dataclass
+class LabelledImage:
+    """One image of the COCO file with its labelled people (keypoints (M, K, 3), boxes (M, 4) xywh)."""
+
+    image_id: int
+    file_name: str
+    width: int
+    height: int
+    annotation_ids: list
+    keypoints: np.ndarray
+    boxes: np.ndarray
+
+
+def read_labels(path: Path, num_keypoints: int) -> list[LabelledImage]:
+    """The labelled people of a COCO keypoint file, per image (file order); crowd annotations and
+    people without a labelled keypoint are left out. Errors name the file, the record and the field."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise UserError(f"--annotations {path}: not a readable JSON file ({e})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("images"), list) \
+            or not isinstance(doc.get("annotations"), list):
+        raise UserError(f"--annotations {path}: not a COCO keypoint file (fields 'images' and 'annotations')")
+    images, order = {}, []
+    for i, image in enumerate(doc["images"]):
+        where = f"--annotations {path}: images[{i}]"
+        if not isinstance(image, dict):
+            raise UserError(f"{where}: expected an object")
+        for key, kind in (("id", int), ("file_name", str), ("width", int), ("height", int)):
+            if not isinstance(image.get(key), kind) or isinstance(image.get(key), bool):
+                raise UserError(f"{where}: field {key!r} must be {'a file name' if kind is str else 'an integer'}")
+        images[image["id"]] = LabelledImage(image["id"], image["file_name"], image["width"], image["height"],
+                                            [], [], [])
+        order.append(image["id"])
+    for i, ann in enumerate(doc["annotations"]):
+        where = f"--annotations {path}: annotations[{i}]"
+        if not isinstance(ann, dict):
+            raise UserError(f"{where}: expected an object")
+        if ann.get("iscrowd"):
+            continue
+        image = images.get(ann.get("image_id"))
+        if image is None:
+            raise UserError(f"{where}: field 'image_id' {ann.get('image_id')!r} names no image of the file")
+        keypoints, bbox = ann.get("keypoints"), ann.get("bbox")
+        if not _numbers(keypoints, 3 * num_keypoints):
+            raise UserError(f"{where}: field 'keypoints' must hold {3 * num_keypoints} numbers (the model's "
+                            f"{num_keypoints} keypoints as x, y, v)")
+        if not _numbers(bbox, 4) or bbox[2] <= 0 or bbox[3] <= 0:
+            raise UserError(f"{where}: field 'bbox' must be [x, y, w, h] with w, h > 0")
+        keypoints = np.asarray(keypoints, np.float64).reshape(num_keypoints, 3)
+        if not (keypoints[:, 2] > 0).any():
+            continue
+        image.annotation_ids.append(ann.get("id", i))
+        image.keypoints.append(keypoints)
+        image.boxes.append(np.asarray(bbox, np.float64))
+    out = []
+    for image_id in order:
+        image = images[image_id]
+        if image.annotation_ids:
+            image.keypoints, image.boxes = np.stack(image.keypoints), np.stack(image.boxes)
+            out.append(image)
+    return out
+
+
+def _numbers(value, count: int) -> bool:
+    return (isinstance(value, list) and len(value) == count
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value))
+
+
+def predict_image(predictor, image_rgb: np.ndarray, labelled: LabelledImage) -> dict:
+    """The model on the image's labelled people in their label boxes (flip test on): the
+    flip-averaged keypoints (M, K, 2) and scores (M, K), and how far apart the plain and the
+    mirrored views put each keypoint, over the box's size (M, K): where the two views part, the
+    model itself is unsure and its prediction is no evidence against the label."""
+    views = predictor.flip_views(image_rgb, boxes=labelled.boxes, box_format="xywh")
+    size = np.sqrt(np.maximum(labelled.boxes[:, 2] * labelled.boxes[:, 3], 1.0))[:, None]
+    apart = np.hypot(*np.moveaxis(views.plain - views.mirrored, -1, 0)) / size
+    return {"predicted": np.round(views.poses.keypoints, 2).tolist(),
+            "scores": np.round(views.poses.keypoint_scores, 4).tolist(), "views_apart": np.round(apart, 4).tolist()}
+
+
+def audit_annotations(predictor, labels: list[LabelledImage], images_dir: Path, progress: Path, *,
+                      resume: bool = False, stop=None):
+    """Predict every labelled image (`predict_image`), each image's line streamed to `progress` (JSON Lines,
+    `ResultsFile`: an interrupted run keeps what it finished, `resume=True` continues it).
+    Returns ({image file_name: its progress line}, completed)."""
+    from vitpose.files import read_image
+    from vitpose.inference.pipeline import ResultsFile, read_records
+
+    results = ResultsFile(progress, "image", resume=resume)
+    lines = {line["image"]: line for line in read_records(progress)} if results.done else {}
+    completed = False
+    try:
+        for labelled in labels:
+            if labelled.file_name in results.done:
+                continue
+            if stop is not None and stop():
+                break
+            image = read_image(Path(images_dir) / labelled.file_name)
+            line = {"image": labelled.file_name, "annotation_ids": labelled.annotation_ids,
+                    **predict_image(predictor, np.ascontiguousarray(image[:, :, ::-1]), labelled)}
+            results.write([line])
+            lines[labelled.file_name] = line
+        else:
+            completed = True
+    finally:
+        results.close(completed)
+    return lines, completed
+
+
+def ranked(labels: list[LabelledImage], lines: dict, skeleton) -> list[dict]:
+    """Every audited person (`audit_instance`, calibrated on the whole file), most suspicious
+    first (ties: file order): rows of annotation_id, image, suspicion, checks, reasons, keypoints."""
+    calibration = calibrate(labels, lines)
+    rows = []
+    for image in labels:
+        line = lines[image.file_name]
+        for m, annotation_id in enumerate(image.annotation_ids):
+            checks, reasons, flagged = audit_instance(image.keypoints[m], image.boxes[m], line["predicted"][m],
+                                                      line["scores"][m], line["views_apart"][m], skeleton,
+                                                      calibration)
+            rows.append({"annotation_id": annotation_id, "image": image.file_name,
+                         "suspicion": round(suspicion(checks), 4), "checks": checks, "reasons": reasons,
+                         "keypoints": flagged})
+    return sorted(rows, key=lambda row: -row["suspicion"])
+
+
+def review_records(flagged: list[dict], labels: list[LabelledImage], lines: dict, names) -> list[dict]:
+    """Pre-annotation records (as `vitpose predict --json` writes them) of the flagged people for
+    `to_labelstudio_tasks` / `to_cvat_xml`: the label's keypoints with score 1, the keypoints a
+    check named and the unlabelled ones (the prediction's place) with score 0, so the tool marks
+    them for review."""
+    by_image = {image.file_name: image for image in labels}
+    records = []
+    for row in flagged:
+        image = by_image[row["image"]]
+        m = image.annotation_ids.index(row["annotation_id"])
+        label = image.keypoints[m]
+        predicted = np.asarray(lines[row["image"]]["predicted"][m])
+        named = {name for name, _, _ in row["keypoints"]}
+        flat = []
+        for k, name in enumerate(names):
+            x, y, v = label[k]
+            if v > 0:
+                flat += [float(x), float(y), 0.0 if name in named else 1.0]
+            else:
+                flat += [float(predicted[k][0]), float(predicted[k][1]), 0.0]
+        records.append({"file_name": image.file_name, "width": image.width, "height": image.height,
+                        "bbox": [float(b) for b in image.boxes[m]], "keypoints": flat, "score": row["suspicion"],
+                        "bbox_score": 1.0})
+    return records
+
+
+def html_report(rows: list[dict], labels: list[LabelledImage], lines: dict, images_dir: Path, skeleton,
+                title: str) -> str:
+    """A page a person reads: one table row per instance (rank, image, suspicion, checks, reasons)
+    with the label and the model's prediction drawn on the person's crop."""
+    import base64
+    import html
+
+    import cv2
+
+    from vitpose.files import read_image
+    from vitpose.inference.draw import draw_pose
+
+    by_image = {image.file_name: image for image in labels}
+    cache: dict = {}
+    out = ["<!DOCTYPE html>", "<html><head><meta charset='utf-8'>", f"<title>{html.escape(title)}</title>",
+           "<style>body{font-family:sans-serif}td{vertical-align:top;padding:4px;border-bottom:1px solid #ccc}"
+           "img{height:200px}</style></head><body>", f"<h1>{html.escape(title)}</h1>",
+           "<p>Most suspicious first. Left: the label; right: the model's prediction (flip test, the label's "
+           "box). A high score is a reason to look, not proof.</p>",
+           "<table><tr><th>#</th><th>image / annotation</th><th>suspicion</th><th>checks</th><th>reasons</th>"
+           "<th>label | model</th></tr>"]
+    for rank, row in enumerate(rows, 1):
+        image = by_image[row["image"]]
+        m = image.annotation_ids.index(row["annotation_id"])
+        if row["image"] not in cache:
+            cache.clear()
+            cache[row["image"]] = read_image(Path(images_dir) / row["image"])
+        pixels = cache[row["image"]]
+        label = image.keypoints[m]
+        predicted = np.asarray(lines[row["image"]]["predicted"][m])
+        scores = np.asarray(lines[row["image"]]["scores"][m])
+        x, y, w, h = image.boxes[m]
+        pad = 0.15 * max(w, h)
+        x1, y1 = int(max(0, x - pad)), int(max(0, y - pad))
+        x2, y2 = int(min(pixels.shape[1], x + w + pad)), int(min(pixels.shape[0], y + h + pad))
+        crops = []
+        for keypoints, shown in ((label[:, :2], (label[:, 2] > 0).astype(np.float32)), (predicted, scores)):
+            drawn = draw_pose(pixels, keypoints, shown, skeleton=skeleton.skeleton, channels="bgr",
+                              keypoint_colors=skeleton.keypoint_colors, link_colors=skeleton.link_colors)
+            crop = drawn[y1:max(y2, y1 + 1), x1:max(x2, x1 + 1)]
+            ok, encoded = cv2.imencode(".jpg", crop)
+            crops.append(f"<img src='data:image/jpeg;base64,{base64.b64encode(encoded.tobytes()).decode()}'>"
+                         if ok else "")
+        checks = ", ".join(f"{name} {value:.2f}" for name, value in row["checks"].items() if value > 0) or "-"
+        reasons = "<br>".join(html.escape(r) for r in row["reasons"]) or "-"
+        out.append(f"<tr><td>{rank}</td><td>{html.escape(row['image'])}<br>id {row['annotation_id']}</td>"
+                   f"<td>{row['suspicion']:.2f}</td><td>{html.escape(checks)}</td><td>{reasons}</td>"
+                   f"<td>{''.join(crops)}</td></tr>")
+    out += ["</table></body></html>"]
+    return "\n".join(out) + "\n"
