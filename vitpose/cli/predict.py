@@ -289,6 +289,8 @@ def build_predictor(args):
     from vitpose.inference.predictor import Predictor
 
     detector = args.detector or ("none" if args.boxes is not None else "default")
+    if Path(args.model).suffix.lower() == ".onnx":
+        _check_onnx_device(args.device)  # the runtime's own GPU first: its package, not torch's CUDA, is missing
     try:
         device = resolve_device(args.device)
     except ValueError as e:
@@ -309,6 +311,25 @@ def build_predictor(args):
                                      det_classes=args.det_classes)
 
 
+def _check_onnx_device(requested) -> None:
+    """`--device cuda[:N]` with an ONNX file: onnxruntime must have CUDA (ProviderError names the package)."""
+    if requested is not None and str(requested).startswith("cuda"):
+        from vitpose.inference.onnx import _import_onnxruntime, check_providers
+
+        check_providers(_import_onnxruntime(), ["CUDAExecutionProvider", "CPUExecutionProvider"])
+
+
+def _onnx_on_cuda(requested, device) -> bool:
+    """CUDA asked for (checked by `_check_onnx_device`), or `auto` on a CUDA machine whose onnxruntime has it."""
+    if device.type != "cuda":
+        return False
+    if requested is not None and str(requested).startswith("cuda"):
+        return True
+    from vitpose.inference.onnx import _import_onnxruntime
+
+    return "CUDAExecutionProvider" in _import_onnxruntime().get_available_providers()
+
+
 def build_onnx_predictor(args, detector, device):
     """`--model FILE.onnx`: an `OnnxPredictor` (onnxruntime) with the command line's detector, and the
     skeleton the file's ModelSpec records (COCO's for a 17-keypoint file that records none) for the
@@ -327,7 +348,8 @@ def build_onnx_predictor(args, detector, device):
                          f"(vitpose export --fp16 writes a float16 one)")
     if not Path(args.model).is_file():
         raise UsageError(f"--model {args.model}: no such ONNX file")
-    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device.type == "cuda" else ["CPUExecutionProvider"]
+    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if _onnx_on_cuda(args.device, device) else \
+        ["CPUExecutionProvider"]
     predictor = OnnxPredictor(args.model, flip_test=not args.no_flip, providers=providers,
                               batch_size=args.batch_size or default_batch_size(device))
     spec = getattr(predictor, "spec", None)

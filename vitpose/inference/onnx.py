@@ -28,12 +28,13 @@ from pathlib import Path
 import numpy as np
 
 from vitpose.codecs.flip import flip_average, flip_heatmaps
+from vitpose.errors import UserError
 from vitpose.data.pixels import normalize_images
 from vitpose.inference.pipeline import TopDown
 from vitpose.inference.results import StageTimer
 from vitpose.models.spec import METADATA_KEY, ModelSpec, SpecError, check_flip_indices
 
-__all__ = ["OnnxMetadataError", "OnnxPredictor"]
+__all__ = ["OnnxMetadataError", "OnnxPredictor", "ProviderError", "check_providers"]
 
 EXTRA_HINT = 'pip install onnxruntime (or pip install "vitpose[export]")'
 EXPORT_KEY = "vitpose.export"  # vitpose.inference.export.EXPORT_KEY (that module imports torch)
@@ -41,6 +42,60 @@ EXPORT_KEY = "vitpose.export"  # vitpose.inference.export.EXPORT_KEY (that modul
 
 class OnnxMetadataError(SpecError):
     """An ONNX file's vitpose metadata that cannot be used (names the file and the key)."""
+
+
+class ProviderError(UserError, RuntimeError):
+    """An execution provider (a GPU) was asked for that this onnxruntime cannot give: one line naming
+    the package that has it, instead of onnxruntime's silent run on the CPU."""
+
+
+# The onnxruntime build that carries each accelerator's execution provider (the plain `onnxruntime`
+# wheel has the CPU's only; a GPU build replaces it, the two do not mix in one environment).
+PROVIDER_PACKAGES = {"CUDAExecutionProvider": "onnxruntime-gpu", "TensorrtExecutionProvider": "onnxruntime-gpu",
+                     "ROCMExecutionProvider": "onnxruntime-rocm", "MIGraphXExecutionProvider": "onnxruntime-rocm",
+                     "DmlExecutionProvider": "onnxruntime-directml", "OpenVINOExecutionProvider": "onnxruntime-openvino",
+                     "CoreMLExecutionProvider": "onnxruntime (the macOS wheel)"}
+
+
+def _accelerators(providers) -> list[str]:
+    return [p if isinstance(p, str) else p[0] for p in providers if (p if isinstance(p, str) else p[0])
+            != "CPUExecutionProvider"]
+
+
+def check_providers(ort, providers, session=None) -> None:
+    """Refuse accelerators this onnxruntime does not have (ProviderError naming the package to install).
+
+    Without `session`: against the providers the installed build offers (`get_available_providers`).
+    With it: against those the session really took, since onnxruntime builds a session on the CPU
+    alone, with a warning only, when the accelerator's libraries (CUDA, cuDNN) fail to load.
+    """
+    import importlib.metadata
+
+    wanted = _accelerators(providers)
+    have = ort.get_available_providers() if session is None else session.get_providers()
+    missing = [p for p in wanted if p not in have]
+    if not missing:
+        return
+    name = missing[0]
+    package = PROVIDER_PACKAGES.get(name, "an onnxruntime build with it")
+    installed = next((f"{d} {importlib.metadata.version(d)}" for d in ("onnxruntime", "onnxruntime-gpu")
+                      if _installed(d)), "onnxruntime")
+    if session is None:
+        raise ProviderError(f"{name} was asked for, but the installed {installed} has only {', '.join(have)}: "
+                            f"pip uninstall onnxruntime && pip install {package} (or run on the CPU: --device cpu)")
+    raise ProviderError(f"{name} was asked for and {installed} has it, but it could not start (its libraries, e.g. "
+                        f"CUDA and cuDNN of the versions {package} needs, did not load; onnxruntime's warning above "
+                        f"says which), so the session would run on the CPU alone; fix those or use --device cpu")
+
+
+def _installed(distribution: str) -> bool:
+    import importlib.metadata
+
+    try:
+        importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def _import_onnxruntime():
@@ -86,8 +141,10 @@ class OnnxPredictor(TopDown):
         options = ort.SessionOptions()
         if threads is not None:
             options.intra_op_num_threads = int(threads)
-        self.session = ort.InferenceSession(str(path), options,
-                                            providers=list(providers or ["CPUExecutionProvider"]))
+        providers = list(providers or ["CPUExecutionProvider"])
+        check_providers(ort, providers)  # before the work: never a silent CPU run of a GPU request
+        self.session = ort.InferenceSession(str(path), options, providers=providers)
+        check_providers(ort, providers, self.session)
         self.path = path
         self.metadata = dict(self.session.get_modelmeta().custom_metadata_map)
         self._read_shapes()
