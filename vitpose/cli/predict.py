@@ -110,8 +110,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "detector_classes: person for COCO, bird..giraffe for AP-10K / APT-36K; a skeleton that "
                         "names none is cropped full-frame)")
     p.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
-                   help="auto (default): fp16 on CUDA, bf16 on a CPU with AVX512-BF16 or AMX (ViTPose-S "
-                        "2.1-2.6x faster than fp32 there), else fp32; what auto picks passed the accuracy gate, "
+                   help="auto (default): fp16 on CUDA, bf16 on a CPU with AVX512-BF16 or AMX where a short "
+                        "measurement of the model finds it faster (cached; the reason is printed once), else "
+                        "fp32; what auto picks passed the accuracy gate, "
                         "AP within 0.002 of fp32 (BENCHMARKS.md). fp32 gives the reference numbers")
     p.add_argument("--batch-images", type=int, default=8, help="images per model call (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=None,
