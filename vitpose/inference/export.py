@@ -56,7 +56,7 @@ from vitpose.topdown import forward_heatmaps, model_input_spec
 
 __all__ = ["EXPORT_KEY", "FORMATS", "ExportFileError", "ExportGraph", "GateError", "GateReport", "GateRun",
            "MissingDependencyError", "check_export", "export", "gate_crops", "own_flip_indices", "read_export_spec",
-           "to_exported_program", "to_onnx"]
+           "to_exported_program", "to_int8_onnx", "to_onnx"]
 
 FORMATS = ("onnx", "pt2")
 EXTRA_HINT = 'pip install "vitpose[export]"'
@@ -669,6 +669,73 @@ def export(model: nn.Module, path, format: str, **kwargs) -> GateReport:
 
 
 # ----------------------------------------------------------------------------------------------
+# int8
+
+
+def to_int8_onnx(model: nn.Module, path, *, gate_data, calibration=None, quantization: str = "static",
+                 codec=None, flip_indices: Sequence[int] | None = None, flip_test: bool = False,
+                 batch="dynamic", sigmas=None, bootstrap: int | None = None, bound: float | None = None,
+                 calibration_crops_override=None, log: Callable[[str], None] | None = print) -> Int8Report:
+    """Write `model` as an int8 ONNX file at `path`, only if it passes the AP gate (`vitpose.inference.quantize`):
+    the fp32 graph (`to_onnx`, gated equal to PyTorch), ONNX Runtime's quantization calibrated on
+    `calibration`, the AP of the int8 file against the PyTorch model at fp32 on the held-out images
+    of `gate_data` with the paired bootstrap interval; the gate's figures in `EXPORT_KEY` ("gate").
+
+    gate_data: the held-out COCO keypoint set (a .json or a folder, `coco_set`).
+    calibration: `--calibration` (a folder of images or a COCO set); None: 1 in CALIBRATION_SHARE
+        images of `gate_data` (at most CALIBRATION_IMAGES), which the gate then leaves out.
+    bootstrap, bound: the gate's resamples and bound (None: GATE_BOOTSTRAP, INT8_MAX_AP_DIFFERENCE).
+    calibration_crops_override: uint8 crops to calibrate on instead (tests: a deliberately bad set).
+    Returns the Int8Report; raises Int8GateError (nothing written) when the gate fails.
+    """
+    import onnx
+
+    from vitpose.inference import quantize as Q
+
+    path = Path(path)
+    spec = _model_spec(model, codec)
+    codec = spec.build_codec() if codec is None else codec
+    if flip_indices is None:
+        flip_indices = own_flip_indices(model)
+    ann_file, img_dir = Q.coco_set(gate_data)
+    if calibration is not None:
+        crops, used, label = Q.calibration_crops(calibration, codec.input_size)
+    else:
+        crops, used, label = Q.calibration_split(ann_file, img_dir, codec.input_size)
+    if calibration_crops_override is not None:
+        crops = np.asarray(calibration_crops_override)
+        label = "the given crops"
+    calibration_x = normalize_images(crops, spec.pixel_mean, spec.pixel_std).astype(np.float32)
+    with tempfile.TemporaryDirectory(prefix="vitpose-int8-") as tmp:
+        tmp = Path(tmp)
+        held_out, count = Q.held_out_set(Path(ann_file), Path(img_dir), used, tmp)
+        if count < Q.MIN_GATE_IMAGES:
+            raise Q.CalibrationError(f"--gate-data {gate_data}: {count} images are left once the calibration images "
+                                   f"are taken out; the gate needs at least {Q.MIN_GATE_IMAGES} (and more to resolve it)")
+        fp32 = tmp / "fp32.onnx"
+        gate_uint8, labels, source = gate_crops(None, codec.input_size)  # the fp32 graph's equality gate
+        to_onnx(model, fp32, batch=batch, flip_test=flip_test, codec=codec, flip_indices=flip_indices,
+                crops=gate_uint8, labels=labels, source=source, log=None)  # the fp32 graph equals PyTorch
+        recorded = {p.key: p.value for p in onnx.load(str(fp32), load_external_data=False).metadata_props}
+        with staged_files(path) as staged:
+            Q.quantize_onnx(fp32, staged, quantization, calibration_x)
+            report = Q.int8_gate(model, staged, held_out, img_dir, codec, flip_indices, quantization=quantization,
+                               calibration=label, calibration_count=len(crops), held_out=str(gate_data), sigmas=sigmas,
+                                 bootstrap=Q.GATE_BOOTSTRAP if bootstrap is None else bootstrap)
+            report.bound = Q.INT8_MAX_AP_DIFFERENCE if bound is None else float(bound)
+            report.path = str(path)
+            if log is not None:
+                for line in report.lines():
+                    log(line)
+            if not report.passed:
+                raise Q.Int8GateError(report)
+            facts = {**json.loads(recorded[EXPORT_KEY]), "precision": "int8", "quantization": quantization,
+                     "gate": report.metadata()}
+            Q.set_metadata(staged, {**recorded, EXPORT_KEY: json.dumps(facts, sort_keys=True)})
+    return report
+
+
+# ----------------------------------------------------------------------------------------------
 # `vitpose export`
 
 EXIT_OK, EXIT_GATE, EXIT_USAGE = 0, 1, 2
@@ -707,10 +774,19 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--batch", type=_batch_arg, default="dynamic", help="'dynamic' (default) or a fixed size")
     parser.add_argument("--flip-test", action="store_true", help="bake the flip test into the graph")
     parser.add_argument("--fp16", action="store_true", help="float16 weights (GPU runtimes); float32 input/output")
+    parser.add_argument("--precision", choices=("fp32", "fp16", "int8"), default=None,
+                        help="fp32 (default); fp16 (= --fp16); int8: ONNX Runtime quantization, written only when "
+                             "its COCO AP on held-out images is within 0.005 of fp32's (vitpose.inference.quantize)")
+    parser.add_argument("--calibration", help="int8: the images to calibrate on: a folder of images or a COCO "
+                                              "keypoint JSON/folder (default: a quarter of the gate's images, which "
+                                              "the gate then leaves out)")
+    parser.add_argument("--quantization", choices=("static", "dynamic"), default="static",
+                        help="int8: static (calibrated QDQ, default: faster here, BENCHMARKS.md) or dynamic")
     parser.add_argument("--opset", type=int, help="ONNX opset (default: the exporter's)")
     parser.add_argument("--gate-data", help="COCO keypoint folder for the gate's crops (MMPose layout with "
                                             "annotations/ and val2017/, or one COCO JSON beside its images); "
-                                            "default: a synthetic set made on the fly")
+                                            "default: a synthetic set made on the fly; int8: the held-out set of "
+                                            "its AP gate, default the config's validation set)")
     parser.set_defaults(run=run)
     return parser
 
@@ -727,6 +803,51 @@ def _resolve_format(fmt: str | None, out: Path) -> str:
     return fmt
 
 
+def _precision(args) -> str:
+    precision = getattr(args, "precision", None) or ("fp16" if args.fp16 else "fp32")
+    if args.fp16 and precision != "fp16":
+        raise ValueError(f"--fp16 and --precision {precision} both choose the precision; give one")
+    if precision != "int8" and getattr(args, "calibration", None):
+        raise ValueError("--calibration calibrates an int8 file; add --precision int8 or leave it out")
+    return precision
+
+
+def _run_int8(args, out: Path, fmt: str) -> int:
+    """`vitpose export --precision int8`: the fp32 graph, quantized, written after the AP gate."""
+    from vitpose.builders import load_model
+    from vitpose.inference.quantize import Int8GateError
+
+    if fmt != "onnx":
+        raise ValueError(f"--precision int8 writes an ONNX file (ONNX Runtime's quantization); --format {fmt} "
+                         f"has no int8 path here")
+    gate_data = args.gate_data
+    if gate_data is None and args.config is not None:
+        from vitpose.config import load_config
+
+        cfg = load_config(args.config)
+        gate_data = Path(cfg.data.root) / cfg.data.val_ann
+        if not gate_data.is_file():
+            raise FileNotFoundError(f"--config {args.config}: its validation annotations {gate_data} do not exist; "
+                                    f"give the held-out set with --gate-data")
+    if gate_data is None:
+        raise ValueError("--precision int8 is gated on held-out COCO keypoint images: give --gate-data (a COCO "
+                         "folder or JSON) or --config (its validation set)")
+    loaded = load_model(args.model, expert=getattr(args, "expert", None), config=args.config, device="cpu")
+    _refuse_nonfinite_weights(loaded.model)
+    sigmas = getattr(loaded.skeleton, "sigmas", None)
+    try:
+        to_int8_onnx(loaded.model, out, gate_data=gate_data, calibration=args.calibration,
+                     quantization=args.quantization, codec=loaded.codec, flip_indices=loaded.skeleton.flip_indices,
+                     flip_test=args.flip_test, batch=args.batch, sigmas=sigmas)
+    except Int8GateError:
+        print(f"vitpose export: the int8 file did not pass the AP gate (figures above); nothing was written to "
+              f"{out}", file=sys.stderr)
+        return EXIT_GATE
+    size = out.stat().st_size
+    print(f"wrote {out} ({size / 2**20:.1f} MiB)")
+    return EXIT_OK
+
+
 def run(args: argparse.Namespace) -> int:
     """`vitpose export`: 0 written, 1 the gate failed (no file), 2 bad input."""
     from vitpose.builders import load_model
@@ -739,15 +860,18 @@ def run(args: argparse.Namespace) -> int:
     try:
         out = Path(args.out)
         fmt = _resolve_format(args.format, out)
-        inputs = (args.model, args.config, args.gate_data)
+        inputs = (args.model, args.config, args.gate_data, getattr(args, "calibration", None))
         for target in (out, out.with_name(out.name + ".data")):  # before the work; never over an input
             check_output(target, "--out", inputs=inputs)
+        precision = _precision(args)
         if fmt == "onnx":
             require()
+        if precision == "int8":
+            return _run_int8(args, out, fmt)
         loaded = load_model(args.model, expert=getattr(args, "expert", None), config=args.config, device="cpu")
         _refuse_nonfinite_weights(loaded.model)  # before the gate crops and the trace
         crops, labels, source = gate_crops(args.gate_data, loaded.codec.input_size)
-        kwargs = dict(batch=args.batch, flip_test=args.flip_test, fp16=args.fp16, codec=loaded.codec,
+        kwargs = dict(batch=args.batch, flip_test=args.flip_test, fp16=precision == "fp16", codec=loaded.codec,
                       flip_indices=loaded.skeleton.flip_indices, crops=crops, labels=labels, source=source)
         if fmt == "onnx":
             kwargs["opset"] = args.opset
