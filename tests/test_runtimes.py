@@ -217,3 +217,95 @@ def test_int8_flags_are_checked_before_the_work(tmp_path, capsys):
     code = main(["export", "--model", str(weights), "--out", str(tmp_path / "x.onnx"), "--calibration", str(tmp_path)])
     assert code == 2 and "add --precision int8" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == [weights]
+
+
+# ---- OpenVINO: the IR written after the same numeric gate, run by `vitpose predict --model` -----
+
+@pytest.fixture(scope="module")
+def openvino_pair(peaked, tmp_path_factory):
+    """(ONNX file, OpenVINO .xml) of the peaked model, both written by `vitpose export`."""
+    pytest.importorskip("openvino")
+    from vitpose.cli import main
+
+    _, _, root, _, checkpoint = peaked
+    folder = tmp_path_factory.mktemp("openvino")
+    onnx_path, xml = folder / "pose.onnx", folder / "ir" / "pose.xml"
+    assert main(["export", "--model", str(checkpoint), "--out", str(onnx_path), "--gate-data", str(root)]) == 0
+    assert main(["export", "--model", str(checkpoint), "--out", str(xml), "--gate-data", str(root)]) == 0
+    return onnx_path, xml
+
+
+def test_openvino_export_is_gated_and_records_the_spec(openvino_pair, peaked, capsys):
+    import openvino as ov
+
+    from vitpose.inference.onnx import OPENVINO_RT_INFO
+    from vitpose.models.spec import METADATA_KEY
+
+    _, xml = openvino_pair
+    assert sorted(p.name for p in xml.parent.iterdir()) == ["pose.bin", "pose.xml"]
+    model = ov.Core().read_model(str(xml))
+    spec = json.loads(model.get_rt_info(OPENVINO_RT_INFO[METADATA_KEY]).astype(str))
+    facts = json.loads(model.get_rt_info(OPENVINO_RT_INFO[E.EXPORT_KEY]).astype(str))
+    assert spec["input_size"] == [48, 64] and facts["precision"] == "float32"
+    # the gate ran OpenVINO on the file: a changed model is found out by it
+    codec = peaked[1]
+    crops = E.gate_crops(peaked[2], (48, 64))
+    assert E.check_export(xml, peaked[0], crops[0], format="openvino", codec=codec).passed
+    import copy
+
+    changed = copy.deepcopy(peaked[0])
+    with torch.no_grad():
+        changed.head.final_layer.bias.add_(0.01)
+    report = E.check_export(xml, changed, crops[0], format="openvino", codec=codec)
+    assert not report.passed and "OpenVINO" in report.runtime
+
+
+@pytest.mark.parametrize("as_folder", [False, True], ids=["xml", "folder"])
+def test_predict_on_the_openvino_ir_gives_the_onnx_files_records(openvino_pair, peaked, tmp_path, as_folder):
+    from vitpose.cli import main
+    from vitpose.inference.onnx import OpenVinoPredictor
+
+    onnx_path, xml = openvino_pair
+    root = peaked[2]
+    images = sorted((root / "val2017").glob("*.jpg"))[:3]
+    records = {}
+    for name, model in (("onnx", onnx_path), ("openvino", xml.parent if as_folder else xml)):
+        out = tmp_path / f"{name}.json"
+        assert main(["predict", *map(str, images), "--model", str(model), "--detector", "full-frame",
+                     "--json", str(out)]) == 0
+        records[name] = json.loads(out.read_text())
+    assert len(records["onnx"]) == len(records["openvino"]) == 3
+    for a, b in zip(records["onnx"], records["openvino"]):
+        assert a["image_id"] == b["image_id"]
+        ka, kb = np.array(a["keypoints"]).reshape(-1, 3), np.array(b["keypoints"]).reshape(-1, 3)
+        # the same numeric gate as the export's: heatmaps within 1e-4 move a keypoint by at most
+        # KEYPOINT_FLOOR_PX (0.05 crop px; the crop here is the whole image, about 2x larger)
+        np.testing.assert_allclose(ka[:, :2], kb[:, :2], atol=0.2)
+        np.testing.assert_allclose(ka[:, 2], kb[:, 2], atol=1e-3)
+    # the heatmaps themselves: within the export's fp32 bound
+    x = np.random.default_rng(0).integers(0, 255, (2, 3, 64, 48), dtype=np.uint8)
+    heat_ov = OpenVinoPredictor(xml).heatmaps(x)
+    heat_onnx = OnnxPredictor(onnx_path).heatmaps(x)
+    assert np.abs(heat_ov - heat_onnx).max() <= 2 * E.FP32_TOLERANCE
+
+
+class _CpuOnlyCore:
+    available_devices = ["CPU"]
+
+
+def test_openvino_gpu_without_the_device_is_one_line(openvino_pair, peaked, monkeypatch, tmp_path, capsys):
+    import openvino as ov
+
+    from vitpose.cli import main
+    from vitpose.inference.onnx import OpenVinoPredictor
+
+    monkeypatch.setattr(ov, "Core", _CpuOnlyCore)
+    with pytest.raises(ProviderError, match=r"OpenVINO device GPU was asked for, but this machine offers only CPU: "
+                                            r"install Intel's GPU compute runtime"):
+        OpenVinoPredictor(openvino_pair[1], device="GPU")
+    image = sorted((peaked[2] / "val2017").glob("*.jpg"))[0]
+    code = main(["predict", str(image), "--model", str(openvino_pair[1]), "--device", "gpu",
+                 "--detector", "full-frame", "--json", str(tmp_path / "o.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "intel-opencl-icd" in err[0], err
+    assert not (tmp_path / "o.json").exists()

@@ -56,9 +56,9 @@ from vitpose.topdown import forward_heatmaps, model_input_spec
 
 __all__ = ["EXPORT_KEY", "FORMATS", "ExportFileError", "ExportGraph", "GateError", "GateReport", "GateRun",
            "MissingDependencyError", "check_export", "export", "gate_crops", "own_flip_indices", "read_export_spec",
-           "to_exported_program", "to_int8_onnx", "to_onnx"]
+           "to_exported_program", "to_int8_onnx", "to_onnx", "to_openvino"]
 
-FORMATS = ("onnx", "pt2")
+FORMATS = ("onnx", "pt2", "openvino")
 EXTRA_HINT = 'pip install "vitpose[export]"'
 ONNX_MODULES = ("onnx", "onnxscript", "onnxruntime")
 INPUT_NAME, OUTPUT_NAME = "input", "heatmaps"
@@ -422,6 +422,40 @@ def _onnx_runner(path: Path):
     return run, f"onnxruntime {ort.__version__} CPU", shape
 
 
+def _openvino_runner(path: Path):
+    """(run, runtime name, input shape) of an OpenVINO IR on OpenVINO's CPU plugin in fp32 (the
+    runtime `OpenVinoPredictor` uses)."""
+    require(("openvino",), "OpenVINO export")
+    import openvino as ov
+
+    core = ov.Core()
+    model = core.read_model(str(path))
+    compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    shape = [d.get_length() if d.is_static else "?" for d in model.inputs[0].get_partial_shape()]
+
+    def run(x: np.ndarray) -> np.ndarray:
+        return np.asarray(compiled(x)[0])
+
+    return run, f"OpenVINO {ov.__version__} CPU (f32)", shape
+
+
+def _write_openvino(graph: ExportGraph, path: Path, batch, input_size, metadata: dict, opset: int | None) -> None:
+    """The ONNX graph (`_write_onnx`, in a temporary folder) converted to an OpenVINO IR at `path`
+    (.xml, and its weights in the .bin beside it), fp32 weights; the metadata in its rt_info."""
+    require(("openvino",), "OpenVINO export")
+    import openvino as ov
+
+    from vitpose.inference.onnx import OPENVINO_RT_INFO
+
+    with tempfile.TemporaryDirectory(prefix="vitpose-openvino-") as tmp:
+        onnx_path = Path(tmp) / "graph.onnx"
+        _write_onnx(graph, onnx_path, batch, input_size, metadata, opset)
+        model = ov.convert_model(str(onnx_path))
+    for key, value in metadata.items():
+        model.set_rt_info(value, OPENVINO_RT_INFO[key])
+    ov.save_model(model, str(path), compress_to_fp16=False)
+
+
 def _pt2_runner(path: Path):
     program = torch.export.load(str(path))
     module = program.module()
@@ -477,6 +511,8 @@ def check_export(path, model: nn.Module, crops: torch.Tensor, *, format: str, ba
     pixels = model_input_spec(model)  # the mean/std forward_heatmaps normalises the reference with
     if format == "onnx":
         run, runtime, shape = _onnx_runner(path)
+    elif format == "openvino":
+        run, runtime, shape = _openvino_runner(path)
     elif format == "pt2":
         run, runtime, shape = _pt2_runner(path)
     else:
@@ -586,8 +622,10 @@ def _export(format: str, model: nn.Module, path, *, batch="dynamic", flip_test=F
             log: Callable[[str], None] | None = print) -> GateReport:
     if format not in FORMATS:
         raise ValueError(f"unknown export format {format!r}; choose one of {FORMATS}")
-    if format == "onnx":
+    if format in ("onnx", "openvino"):
         require()
+    if format == "openvino":
+        require(("openvino",), "OpenVINO export")
     batch = _check_batch(batch)
     path = Path(path)
     num_keypoints = int(unwrap_model(model).head.final_layer.out_channels)
@@ -609,6 +647,8 @@ def _export(format: str, model: nn.Module, path, *, batch="dynamic", flip_test=F
     with staged_files(path) as staged:
         if format == "onnx":
             _write_onnx(graph, staged, batch, input_size, {METADATA_KEY: spec_json, EXPORT_KEY: facts}, opset)
+        elif format == "openvino":
+            _write_openvino(graph, staged, batch, input_size, {METADATA_KEY: spec_json, EXPORT_KEY: facts}, opset)
         else:
             _write_pt2(graph, staged, batch, input_size, spec_json, facts)
         report = check_export(staged, model, crops, format=format, batch=batch, flip_test=flip_test,
@@ -659,10 +699,23 @@ def to_exported_program(model: nn.Module, path, *, batch: str | int = "dynamic",
                    flip_indices=flip_indices, crops=crops, labels=labels, source=source, log=log)
 
 
+def to_openvino(model: nn.Module, path, *, batch: str | int = "dynamic", flip_test: bool = False,
+                codec=None, flip_indices: Sequence[int] | None = None, crops: torch.Tensor | None = None,
+                labels: Sequence[str] = (), source: str | None = None, opset: int | None = None,
+                log: Callable[[str], None] | None = print) -> GateReport:
+    """Export `model` as an OpenVINO IR (`path`: the .xml; its .bin beside it), through the ONNX
+    graph, gated like `to_onnx` (run by OpenVINO's CPU plugin in fp32, the same 1e-4 bound), the
+    ModelSpec and export facts in its rt_info (`vitpose.inference.onnx.OPENVINO_RT_INFO`)."""
+    return _export("openvino", model, path, batch=batch, flip_test=flip_test, codec=codec,
+                   flip_indices=flip_indices, crops=crops, labels=labels, source=source, opset=opset, log=log)
+
+
 def export(model: nn.Module, path, format: str, **kwargs) -> GateReport:
-    """`to_onnx` or `to_exported_program` by name ("onnx" | "pt2")."""
+    """`to_onnx`, `to_exported_program` or `to_openvino` by name ("onnx" | "pt2" | "openvino")."""
     if format == "onnx":
         return to_onnx(model, path, **kwargs)
+    if format == "openvino":
+        return to_openvino(model, path, **{k: v for k, v in kwargs.items() if k != "fp16"})
     if format == "pt2":
         return to_exported_program(model, path, **kwargs)
     raise ValueError(f"unknown export format {format!r}; choose one of {FORMATS}")
@@ -739,7 +792,7 @@ def to_int8_onnx(model: nn.Module, path, *, gate_data, calibration=None, quantiz
 # `vitpose export`
 
 EXIT_OK, EXIT_GATE, EXIT_USAGE = 0, 1, 2
-SUFFIXES = {".onnx": "onnx", ".pt2": "pt2"}
+SUFFIXES = {".onnx": "onnx", ".pt2": "pt2", ".xml": "openvino"}
 
 
 def _batch_arg(text: str) -> str | int:
@@ -757,7 +810,7 @@ def _batch_arg(text: str) -> str | int:
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """The `export` subcommand on `vitpose`'s subparsers."""
     parser = subparsers.add_parser(
-        "export", help="write an ONNX or torch.export file, only after it ran equal to PyTorch",
+        "export", help="write an ONNX, OpenVINO or torch.export file, only after it ran equal to PyTorch",
         shared=("--config", "--debug"),  # vitpose.cli.CommandParser: no --set or --device here
         description="Export a ViTPose checkpoint. The file is written only after it has been run "
                     "(onnxruntime CPU / torch.export.load) on real crops at batch 1 and a larger batch "
@@ -769,7 +822,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                                          "and input size told from the file's tensor shapes")
     parser.add_argument("--expert", help="the ViTPose+ expert of a mixture-of-experts file (coco, aic, mpii, "
                                          "ap10k, apt36k, coco_wholebody / wholebody)")
-    parser.add_argument("--format", choices=FORMATS, help="default: from --out's suffix (.onnx / .pt2)")
+    parser.add_argument("--format", choices=FORMATS, help="default: from --out's suffix (.onnx / .pt2 / .xml: "
+                                                          "an OpenVINO IR, its weights in the .bin beside it)")
     parser.add_argument("--out", required=True, help="the file to write")
     parser.add_argument("--batch", type=_batch_arg, default="dynamic", help="'dynamic' (default) or a fixed size")
     parser.add_argument("--flip-test", action="store_true", help="bake the flip test into the graph")
@@ -861,7 +915,7 @@ def run(args: argparse.Namespace) -> int:
         out = Path(args.out)
         fmt = _resolve_format(args.format, out)
         inputs = (args.model, args.config, args.gate_data, getattr(args, "calibration", None))
-        for target in (out, out.with_name(out.name + ".data")):  # before the work; never over an input
+        for target in (out, out.with_name(out.name + ".data"), out.with_suffix(".bin")):  # before the work; never over an input
             check_output(target, "--out", inputs=inputs)
         precision = _precision(args)
         if fmt == "onnx":
@@ -873,8 +927,11 @@ def run(args: argparse.Namespace) -> int:
         crops, labels, source = gate_crops(args.gate_data, loaded.codec.input_size)
         kwargs = dict(batch=args.batch, flip_test=args.flip_test, fp16=precision == "fp16", codec=loaded.codec,
                       flip_indices=loaded.skeleton.flip_indices, crops=crops, labels=labels, source=source)
-        if fmt == "onnx":
+        if fmt in ("onnx", "openvino"):
             kwargs["opset"] = args.opset
+        if fmt == "openvino" and precision != "fp32":
+            raise ValueError(f"--format openvino writes fp32 weights (OpenVINO picks its own arithmetic per device); "
+                             f"--precision {precision} is for ONNX files")
         export(loaded.model, out, fmt, **kwargs)
     except GateError as e:
         what = ("PyTorch's own heatmaps of the model are not finite (NaN/Inf weights or an overflow; figures "
@@ -885,6 +942,7 @@ def run(args: argparse.Namespace) -> int:
             ValueError) as e:
         print(f"vitpose export: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    size = sum(p.stat().st_size for p in (out, out.with_name(out.name + ".data")) if p.is_file())
+    size = sum(p.stat().st_size for p in (out, out.with_name(out.name + ".data"), out.with_suffix(".bin"))
+               if p.is_file())
     print(f"wrote {out} ({size / 2**20:.1f} MiB)")
     return EXIT_OK
