@@ -268,6 +268,19 @@ def test_auto_takes_bf16_only_where_it_is_measured_faster(monkeypatch, capsys, s
     assert training_precision(CPU, amp=True).dtype is torch.bfloat16
 
 
+def test_a_median_from_a_few_lucky_rounds_is_not_enough(monkeypatch, capsys):
+    fake(monkeypatch, ZEN4)
+    calls = []
+
+    def measure(step, rounds=5):
+        calls.append(step)
+        return {"speedup": 1.55, "rounds": [2.07, 1.55, 1.33, 0.65, 0.9], "load": 11.0}  # two rounds slower
+
+    monkeypatch.setattr(device_module, "_measure_bf16_speedup", measure)
+    assert inference_precision("auto", "cpu") is None and len(calls) == 1
+    assert "precision auto: fp32" in capsys.readouterr().err
+
+
 def test_auto_never_times_emulated_bf16(monkeypatch, capsys):
     fake(monkeypatch, FakeCpu(avx512_bf16=True, amx=True, aten="AVX2"))
     calls = fake_speed(monkeypatch, 5.0)  # even a figure saying bf16 is fast would not be asked for
