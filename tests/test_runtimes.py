@@ -190,6 +190,24 @@ def test_a_bad_calibration_set_fails_the_gate_and_writes_nothing(peaked, tmp_pat
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
+def test_dynamic_int8_needs_no_calibration_and_gates_every_image(peaked, tmp_path):
+    import onnx
+
+    from vitpose.coco_meta import FLIP_INDICES
+    from vitpose.inference.export import to_int8_onnx
+
+    model, codec, root, calibration, _ = peaked
+    out = tmp_path / "dynamic.int8.onnx"
+    lines = []
+    report = to_int8_onnx(model, out, gate_data=root, codec=codec, flip_indices=FLIP_INDICES, quantization="dynamic",
+                          bound=CI_BOUND, bootstrap=CI_BOOTSTRAP, log=lines.append)
+    assert report.passed and report.images == 48 and "no calibration" in lines[0]
+    assert "DynamicQuantizeLinear" in {node.op_type for node in onnx.load(str(out)).graph.node}
+    with pytest.raises(ValueError, match="dynamic quantization takes the activations' ranges at run time"):
+        to_int8_onnx(model, tmp_path / "x.onnx", gate_data=root, codec=codec, quantization="dynamic",
+                     calibration=calibration)
+
+
 @pytest.mark.parametrize(("difference", "interval", "passed", "why"), [
     (-0.001, (-0.004, 0.002), True, "pass"),
     (-0.006, (-0.009, -0.003), False, "more than the bound"),

@@ -751,14 +751,20 @@ def to_int8_onnx(model: nn.Module, path, *, gate_data, calibration=None, quantiz
     if flip_indices is None:
         flip_indices = own_flip_indices(model)
     ann_file, img_dir = Q.coco_set(gate_data)
-    if calibration is not None:
+    if quantization == "dynamic":  # ranges taken at run time: nothing to calibrate, every image gates
+        if calibration is not None:
+            raise ValueError("--calibration: dynamic quantization takes the activations' ranges at run time; "
+                             "leave out --calibration or use --quantization static")
+        crops, used, label = np.zeros((0, 3, *codec.input_size[::-1]), np.uint8), set(), "nothing"
+    elif calibration is not None:
         crops, used, label = Q.calibration_crops(calibration, codec.input_size)
     else:
         crops, used, label = Q.calibration_split(ann_file, img_dir, codec.input_size)
     if calibration_crops_override is not None:
         crops = np.asarray(calibration_crops_override)
         label = "the given crops"
-    calibration_x = normalize_images(crops, spec.pixel_mean, spec.pixel_std).astype(np.float32)
+    calibration_x = (normalize_images(crops, spec.pixel_mean, spec.pixel_std).astype(np.float32) if len(crops)
+                     else None)
     with tempfile.TemporaryDirectory(prefix="vitpose-int8-") as tmp:
         tmp = Path(tmp)
         held_out, count = Q.held_out_set(Path(ann_file), Path(img_dir), used, tmp)

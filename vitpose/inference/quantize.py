@@ -106,7 +106,9 @@ class Int8Report:
         verdict = "pass" if self.passed else ("FAIL: the held-out set cannot resolve the gate (give more images "
                                               "with --gate-data)" if abs(self.difference) <= self.bound
                                               else "FAIL: int8 moves AP by more than the bound")
-        return [f"int8 ({self.quantization}, calibrated on {self.calibration_crops} crops of {self.calibration}) "
+        calibrated = (f"calibrated on {self.calibration_crops} crops of {self.calibration}" if self.calibration_crops
+                      else "no calibration")
+        return [f"int8 ({self.quantization}, {calibrated}) "
                 f"against fp32 on {self.images} held-out images ({self.instances} people) of {self.held_out}:",
                 f"  AP {self.ap_int8:.4f} vs fp32 {self.ap_fp32:.4f}: difference {self.difference:+.4f}, 95% interval "
                 f"[{low:+.4f}, {high:+.4f}] ({self.bootstrap} paired resamples); gate |d| <= {self.bound} with an "
