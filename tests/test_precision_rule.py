@@ -60,6 +60,7 @@ def fake_speed(monkeypatch, speedup: float, cache=None) -> list:
     monkeypatch.setattr(device_module, "_measure_bf16_speedup", measure)
     monkeypatch.setattr(device_module, "_speed_memo", {})
     monkeypatch.setattr(device_module, "_said", set())
+    monkeypatch.setattr(device_module, "_reason", None)
     monkeypatch.setenv("VITPOSE_CACHE_DIR", str(cache or tempfile.mkdtemp(prefix="vitpose-speed-")))
     monkeypatch.delenv("VITPOSE_CPU_BF16", raising=False)
     return calls
@@ -253,16 +254,19 @@ ZEN4 = FakeCpu(avx512_bf16=True)  # AVX512-BF16 without AMX: this project's test
 
 @pytest.mark.parametrize(("speedup", "expected"), [(0.8, None), (1.05, None), (1.6, torch.bfloat16)],
                          ids=["bf16-slow", "bf16-barely-faster", "bf16-fast"])
-def test_auto_takes_bf16_only_where_it_is_measured_faster(monkeypatch, capsys, speedup, expected):
+def test_auto_takes_bf16_only_where_it_is_measured_faster(monkeypatch, capsys, caplog, speedup, expected):
+    caplog.set_level("INFO", logger="vitpose.device")
     fake(monkeypatch, ZEN4, speedup)
     calls = fake_speed(monkeypatch, speedup)
     assert inference_precision("auto", "cpu") is expected
     assert inference_precision("auto", "cpu") is expected  # the figure is kept: measured once
     assert len(calls) == 1
-    said = capsys.readouterr().err.strip().splitlines()
+    said = [r.getMessage() for r in caplog.records if r.name == "vitpose.device"]
     assert len(said) == 1, said  # the reason, once
     assert said[0].startswith(f"precision auto: {'bf16' if expected else 'fp32'} on this CPU")
     assert f"bf16 runs {speedup:.2f}x fp32's speed here" in said[0]
+    assert device_module.auto_precision_reason() == said[0]
+    assert capsys.readouterr().err == ""  # stderr is for one-line errors
     assert inference_precision("bf16", "cpu") is torch.bfloat16  # asked for: taken, slow or not
     # the training rule still follows the instructions only (its step is a backward pass too)
     assert training_precision(CPU, amp=True).dtype is torch.bfloat16
@@ -278,14 +282,14 @@ def test_a_median_from_a_few_lucky_rounds_is_not_enough(monkeypatch, capsys):
 
     monkeypatch.setattr(device_module, "_measure_bf16_speedup", measure)
     assert inference_precision("auto", "cpu") is None and len(calls) == 1
-    assert "precision auto: fp32" in capsys.readouterr().err
+    assert device_module.auto_precision_reason().startswith("precision auto: fp32")
 
 
 def test_auto_never_times_emulated_bf16(monkeypatch, capsys):
     fake(monkeypatch, FakeCpu(avx512_bf16=True, amx=True, aten="AVX2"))
     calls = fake_speed(monkeypatch, 5.0)  # even a figure saying bf16 is fast would not be asked for
     assert inference_precision("auto", "cpu") is None
-    assert calls == [] and capsys.readouterr().err == ""
+    assert calls == [] and capsys.readouterr().err == "" and device_module.auto_precision_reason() is None
 
 
 def test_the_figure_is_cached_per_cpu_model_and_torch_version(monkeypatch, tmp_path):
@@ -345,3 +349,19 @@ def test_predictor_times_its_own_model(monkeypatch):
     assert Predictor(model, device="cpu", precision="auto").amp_dtype is None
     (key,) = device_module._speed_memo
     assert "ViTPose" in key and "4 crops" in key and f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M" in key
+
+
+def test_predict_prints_the_reason_with_its_summary(monkeypatch, tmp_path, capsys, coco_mini_dir):
+    """`vitpose predict` (auto by default) says once, in its summary, what auto chose and the figure."""
+    from vitpose.cli import main
+
+    fake(monkeypatch, ZEN4, 0.8)
+    weights = tmp_path / "w.safetensors"
+    vitpose.save_weights(tiny_model(seed=3), weights)
+    image = next(coco_mini_dir.glob("*.jpg"))
+    assert main(["predict", str(image), "--model", str(weights), "--detector", "full-frame", "--device", "cpu",
+                 "--json", str(tmp_path / "p.json")]) == 0
+    out, err = capsys.readouterr()
+    said = [line for line in out.splitlines() if line.startswith("precision auto:")]
+    assert len(said) == 1 and said[0].startswith("precision auto: fp32") and "0.80x" in said[0], out
+    assert "precision auto" not in err

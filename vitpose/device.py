@@ -238,12 +238,23 @@ def cpu_bf16_speedup(step=None, step_name: str | None = None) -> dict:
 
 
 def _say_once(text: str) -> None:
-    """The reason behind `auto`'s choice, on stderr, once per process."""
-    import sys
-
+    """The reason behind `auto`'s choice: logged once per process (INFO) and kept for the command's
+    summary (`auto_precision_reason`; `vitpose predict` prints it with its summary, once), not on
+    stderr, where a command's one-line errors go."""
+    global _reason
+    _reason = text
     if text not in _said:
         _said.add(text)
-        print(text, file=sys.stderr)
+        log.info(text)
+
+
+_reason: str | None = None
+
+
+def auto_precision_reason() -> str | None:
+    """Why `auto` chose what it chose on a CPU with native bf16 (the measured figure), or None
+    where it has not decided on one in this process."""
+    return _reason
 
 
 def _clearly_faster(figure: dict) -> bool:

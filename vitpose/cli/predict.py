@@ -681,6 +681,12 @@ def print_summary(state: _ImageRun, resumed: int, json_path, interrupted: bool, 
     written = [str(p) for p in (state.args.out, json_path) if p is not None]
     if written:
         print("written: " + ", ".join(written), file=report)
+    if state.args.precision == "auto":
+        from vitpose.device import auto_precision_reason
+
+        reason = auto_precision_reason()  # set where a CPU's bf16 was timed (the figure behind the choice)
+        if reason:
+            print(reason, file=report)
     if state.renamed:
         print(f"vitpose predict: note: {len(state.renamed)} images are in a format that cannot hold a colour "
               f"picture; drawn as PNG: {state.renamed[0]} -> {state.drawing_of[state.renamed[0]]}"
