@@ -40,6 +40,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -53,6 +54,9 @@ from vitpose.models.spec import METADATA_KEY, ModelSpec, spec_of_model
 from vitpose.models.vitpose import flip_test as run_flip_test
 from vitpose.models.wrappers import unwrap_model
 from vitpose.topdown import forward_heatmaps, model_input_spec
+
+if TYPE_CHECKING:
+    from vitpose.inference.quantize import Int8Report
 
 __all__ = ["EXPORT_KEY", "FORMATS", "ExportFileError", "ExportGraph", "GateError", "GateReport", "GateRun",
            "MissingDependencyError", "check_export", "export", "gate_crops", "own_flip_indices", "read_export_spec",

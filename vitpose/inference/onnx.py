@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from vitpose.codecs.flip import flip_average, flip_heatmaps
-from vitpose.errors import UserError
 from vitpose.data.pixels import normalize_images
+from vitpose.errors import UserError
 from vitpose.inference.pipeline import TopDown
 from vitpose.inference.results import StageTimer
 from vitpose.models.spec import METADATA_KEY, ModelSpec, SpecError, check_flip_indices
