@@ -185,7 +185,8 @@ def test_a_bad_calibration_set_fails_the_gate_and_writes_nothing(peaked, tmp_pat
     out = tmp_path / "bad.int8.onnx"
     with pytest.raises(Int8GateError, match="int8 moves AP by more than the bound") as caught:
         to_int8_onnx(model, out, gate_data=root, codec=codec, flip_indices=FLIP_INDICES, bound=CI_BOUND,
-                     bootstrap=CI_BOOTSTRAP, calibration_crops_override=np.zeros((8, 3, 64, 48), np.uint8), log=None)
+                     bootstrap=CI_BOOTSTRAP, quantization="static",
+                     calibration_crops_override=np.zeros((8, 3, 64, 48), np.uint8), log=None)
     assert caught.value.report.difference < -CI_BOUND
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
@@ -199,7 +200,7 @@ def test_dynamic_int8_needs_no_calibration_and_gates_every_image(peaked, tmp_pat
     model, codec, root, calibration, _ = peaked
     out = tmp_path / "dynamic.int8.onnx"
     lines = []
-    report = to_int8_onnx(model, out, gate_data=root, codec=codec, flip_indices=FLIP_INDICES, quantization="dynamic",
+    report = to_int8_onnx(model, out, gate_data=root, codec=codec, flip_indices=FLIP_INDICES,  # dynamic: the default
                           bound=CI_BOUND, bootstrap=CI_BOOTSTRAP, log=lines.append)
     assert report.passed and report.images == 48 and "no calibration" in lines[0]
     assert "DynamicQuantizeLinear" in {node.op_type for node in onnx.load(str(out)).graph.node}
@@ -346,6 +347,6 @@ def test_int8_gate_with_issue_31s_bound_on_the_demo_model(tmp_path, capsys):
     report = to_int8_onnx(loaded.model, tmp_path / "demo.int8.onnx", **kwargs)
     assert report.passed and report.resolves and abs(report.difference) <= 0.005, report.lines()
     with pytest.raises(Int8GateError):
-        to_int8_onnx(loaded.model, tmp_path / "bad.int8.onnx", **kwargs,
+        to_int8_onnx(loaded.model, tmp_path / "bad.int8.onnx", **kwargs, quantization="static",
                      calibration_crops_override=np.zeros((16, 3, 128, 96), np.uint8))
     assert not (tmp_path / "bad.int8.onnx").exists()

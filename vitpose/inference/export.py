@@ -729,7 +729,7 @@ def export(model: nn.Module, path, format: str, **kwargs) -> GateReport:
 # int8
 
 
-def to_int8_onnx(model: nn.Module, path, *, gate_data, calibration=None, quantization: str = "static",
+def to_int8_onnx(model: nn.Module, path, *, gate_data, calibration=None, quantization: str = "dynamic",
                  codec=None, flip_indices: Sequence[int] | None = None, flip_test: bool = False,
                  batch="dynamic", sigmas=None, bootstrap: int | None = None, bound: float | None = None,
                  calibration_crops_override=None, log: Callable[[str], None] | None = print) -> Int8Report:
@@ -756,7 +756,7 @@ def to_int8_onnx(model: nn.Module, path, *, gate_data, calibration=None, quantiz
         flip_indices = own_flip_indices(model)
     ann_file, img_dir = Q.coco_set(gate_data)
     if quantization == "dynamic":  # ranges taken at run time: nothing to calibrate, every image gates
-        if calibration is not None:
+        if calibration is not None or calibration_crops_override is not None:
             raise ValueError("--calibration: dynamic quantization takes the activations' ranges at run time; "
                              "leave out --calibration or use --quantization static")
         crops, used, label = np.zeros((0, 3, *codec.input_size[::-1]), np.uint8), set(), "nothing"
@@ -841,11 +841,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--precision", choices=("fp32", "fp16", "int8"), default=None,
                         help="fp32 (default); fp16 (= --fp16); int8: ONNX Runtime quantization, written only when "
                              "its COCO AP on held-out images is within 0.005 of fp32's (vitpose.inference.quantize)")
-    parser.add_argument("--calibration", help="int8: the images to calibrate on: a folder of images or a COCO "
-                                              "keypoint JSON/folder (default: a quarter of the gate's images, which "
-                                              "the gate then leaves out)")
-    parser.add_argument("--quantization", choices=("static", "dynamic"), default="static",
-                        help="int8: static (calibrated QDQ, default: faster here, BENCHMARKS.md) or dynamic")
+    parser.add_argument("--calibration", help="int8 static: the images to calibrate on: a folder of images or a "
+                                              "COCO keypoint JSON/folder (with --quantization static and no "
+                                              "--calibration: a quarter of the gate's images, left out of the gate)")
+    parser.add_argument("--quantization", choices=("static", "dynamic"), default=None,
+                        help="int8: dynamic (default: int8 weights, activation ranges at run time; the faster "
+                             "here, BENCHMARKS.md) or static (QDQ calibrated on --calibration; the default when "
+                             "--calibration is given)")
     parser.add_argument("--opset", type=int, help="ONNX opset (default: the exporter's)")
     parser.add_argument("--gate-data", help="COCO keypoint folder for the gate's crops (MMPose layout with "
                                             "annotations/ and val2017/, or one COCO JSON beside its images); "
@@ -900,8 +902,9 @@ def _run_int8(args, out: Path, fmt: str) -> int:
     _refuse_nonfinite_weights(loaded.model)
     sigmas = getattr(loaded.skeleton, "sigmas", None)
     try:
+        quantization = args.quantization or ("static" if args.calibration else "dynamic")
         to_int8_onnx(loaded.model, out, gate_data=gate_data, calibration=args.calibration,
-                     quantization=args.quantization, codec=loaded.codec, flip_indices=loaded.skeleton.flip_indices,
+                     quantization=quantization, codec=loaded.codec, flip_indices=loaded.skeleton.flip_indices,
                      flip_test=args.flip_test, batch=args.batch, sigmas=sigmas)
     except Int8GateError:
         print(f"vitpose export: the int8 file did not pass the AP gate (figures above); nothing was written to "

@@ -9,8 +9,8 @@ The steps (`vitpose.inference.export.to_int8_onnx`):
 2. ONNX Runtime's quantization of it (`quantize_onnx`): "static" (QDQ, int8 weights per output
    channel and uint8 activations whose ranges are calibrated (MinMax) on the crops of the images the
    user names, `--calibration DIR|COCO.json`: a COCO keypoint file gives its people's crops, a folder
-   of images its whole images) or "dynamic" (int8 weights of the matrix products, the activations'
-   ranges taken at run time; no calibration);
+   of images its whole images) or "dynamic" (the default: int8 weights of the matrix products, the
+   activations' ranges taken at run time; no calibration);
 3. the AP gate (`int8_gate`): the held-out set (a COCO keypoint set, the calibration images taken
    out of it) predicted with its ground-truth boxes and the flip test by the PyTorch model at fp32
    and by the int8 file, the same crops and decode, scored by `CocoEvaluator`; the AP difference
@@ -20,11 +20,14 @@ The steps (`vitpose.inference.export.to_int8_onnx`):
    too small to tell a passing file from a failing one passes nothing). The gate's figures go into
    the file's `vitpose.export` metadata (key "gate"), next to the ModelSpec.
 
-Which quantization by default: static. Measured on ViTPose-S with ONNX Runtime 1.32 on an AMD EPYC
-(AVX512-BF16/VNNI, 2 threads, 16 crops, loaded machine), BENCHMARKS.md "int8": static QDQ ran
-faster than dynamic (dynamic re-quantizes every activation at run time and leaves the
-convolutions of the patch embedding and head in fp32), and the static file passed the gate on the
-demo model; `--quantization dynamic` remains for models whose calibrated file fails the gate.
+Which quantization by default: dynamic. Measured with `benchmarks/bench_predict.py --runtimes`
+(ViTPose-S, ONNX Runtime 1.32, AMD EPYC with AVX512-VNNI/BF16, 1 thread, 8 boxes with the flip test,
+5 alternating rounds, BENCHMARKS.md "int8"): dynamic 2.79x [2.27-3.02] MMPose's people/s per round,
+static QDQ 2.36x [1.25-2.36]: ONNX Runtime runs static QDQ's many QuantizeLinear/DequantizeLinear
+pairs around the ops it cannot fuse (softmax, layer norm, GELU), which costs more than dynamic's one
+run-time quantization per matrix product. Both passed the gate on the demo model (dynamic +0.0008
+[-0.0007, +0.0019], static +0.0014 [-0.0007, +0.0038]). Static stays for users who name their
+calibration images (`--calibration` implies it) or whose runtime prefers QDQ graphs.
 """
 
 from __future__ import annotations
