@@ -783,7 +783,7 @@ def to_int8_onnx(model: nn.Module, path, *, gate_data, calibration=None, quantiz
         with staged_files(path) as staged:
             Q.quantize_onnx(fp32, staged, quantization, calibration_x)
             report = Q.int8_gate(model, staged, held_out, img_dir, codec, flip_indices, quantization=quantization,
-                               calibration=label, calibration_count=len(crops), held_out=str(gate_data), sigmas=sigmas,
+                               calibration=label, calibration_count=len(crops), held_out=str(ann_file), sigmas=sigmas,
                                  bootstrap=Q.GATE_BOOTSTRAP if bootstrap is None else bootstrap)
             report.bound = Q.INT8_MAX_AP_DIFFERENCE if bound is None else float(bound)
             report.path = str(path)
@@ -891,9 +891,9 @@ def _run_int8(args, out: Path, fmt: str) -> int:
         from vitpose.config import load_config
 
         cfg = load_config(args.config)
-        gate_data = Path(cfg.data.root) / cfg.data.val_ann
-        if not gate_data.is_file():
-            raise FileNotFoundError(f"--config {args.config}: its validation annotations {gate_data} do not exist; "
+        gate_data = (Path(cfg.data.root) / cfg.data.val_ann, Path(cfg.data.root) / cfg.data.val_images)
+        if not gate_data[0].is_file():
+            raise FileNotFoundError(f"--config {args.config}: its validation annotations {gate_data[0]} do not exist; "
                                     f"give the held-out set with --gate-data")
     if gate_data is None:
         raise ValueError("--precision int8 is gated on held-out COCO keypoint images: give --gate-data (a COCO "

@@ -146,7 +146,10 @@ def _coco_images_folder(ann_file: Path) -> Path:
 
 def coco_set(source) -> tuple[Path, Path]:
     """(annotation file, image folder) of a COCO keypoint set named as a .json file or a folder
-    (MMPose's layout, or one COCO JSON beside its images)."""
+    (MMPose's layout, or one COCO JSON beside its images), or given as that pair (a config's
+    `data.val_ann` and `data.val_images`)."""
+    if isinstance(source, tuple):
+        return Path(source[0]), Path(source[1])
     source = Path(source)
     if source.is_file():
         return source, _coco_images_folder(source)
