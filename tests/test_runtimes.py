@@ -350,3 +350,21 @@ def test_int8_gate_with_issue_31s_bound_on_the_demo_model(tmp_path, capsys):
         to_int8_onnx(loaded.model, tmp_path / "bad.int8.onnx", **kwargs, quantization="static",
                      calibration_crops_override=np.zeros((16, 3, 128, 96), np.uint8))
     assert not (tmp_path / "bad.int8.onnx").exists()
+
+
+def test_cli_int8_gate_failure_exits_1_and_leaves_no_file(peaked, tmp_path, monkeypatch, capsys):
+    """`vitpose export --precision int8` whose file fails the gate: its figures, one error line, exit 1."""
+    from vitpose.cli import main
+    from vitpose.inference import quantize as Q
+
+    _, _, root, _, checkpoint = peaked
+    monkeypatch.setattr(Q, "INT8_MAX_AP_DIFFERENCE", 1e-9)  # no int8 file can pass this
+    monkeypatch.setattr(Q, "GATE_BOOTSTRAP", 5)
+    out = tmp_path / "x.int8.onnx"
+    code = main(["export", "--model", str(checkpoint), "--out", str(out), "--precision", "int8",
+                 "--gate-data", str(root)])
+    printed, err = capsys.readouterr()
+    assert code == 1 and not out.exists() and list(tmp_path.iterdir()) == []
+    assert "FAIL" in printed and "against fp32 on 48 held-out images" in printed
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "did not pass the AP gate" in lines[0], err

@@ -906,10 +906,9 @@ def _run_int8(args, out: Path, fmt: str) -> int:
         to_int8_onnx(loaded.model, out, gate_data=gate_data, calibration=args.calibration,
                      quantization=quantization, codec=loaded.codec, flip_indices=loaded.skeleton.flip_indices,
                      flip_test=args.flip_test, batch=args.batch, sigmas=sigmas)
-    except Int8GateError:
-        print(f"vitpose export: the int8 file did not pass the AP gate (figures above); nothing was written to "
-              f"{out}", file=sys.stderr)
-        return EXIT_GATE
+    except Int8GateError as e:  # its figures are printed above: the error line says what it means
+        raise Int8GateError(e.report, f"the int8 file did not pass the AP gate (figures above); nothing was "
+                                      f"written to {out}") from None
     size = out.stat().st_size
     print(f"wrote {out} ({size / 2**20:.1f} MiB)")
     return EXIT_OK
@@ -920,6 +919,7 @@ def run(args: argparse.Namespace) -> int:
     from vitpose.builders import load_model
     from vitpose.config import ConfigError
     from vitpose.data.errors import DataError
+    from vitpose.inference.quantize import Int8GateError
     from vitpose.errors import UserError
     from vitpose.files import check_output
     from vitpose.models.checkpoint import CheckpointError
@@ -946,6 +946,9 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--format openvino writes fp32 weights (OpenVINO picks its own arithmetic per device); "
                              f"--precision {precision} is for ONNX files")
         export(loaded.model, out, fmt, **kwargs)
+    except Int8GateError as e:  # raised by _run_int8 with its one line (vitpose.cli's handler prints such errors)
+        print(f"vitpose export: {e}", file=sys.stderr)
+        return EXIT_GATE
     except GateError as e:
         what = ("PyTorch's own heatmaps of the model are not finite (NaN/Inf weights or an overflow; figures "
                 "above)" if e.report.reference_nonfinite else "the exported file differs from PyTorch (figures above)")

@@ -69,8 +69,8 @@ class Int8GateError(UserError, RuntimeError):
 
     exit_status = 1
 
-    def __init__(self, report: Int8Report):
-        super().__init__("\n".join(report.lines()))
+    def __init__(self, report: Int8Report, message: str | None = None):
+        super().__init__("\n".join(report.lines()) if message is None else message)
         self.report = report
 
 
