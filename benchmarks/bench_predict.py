@@ -510,6 +510,48 @@ class Peers:
 # Comparison and table
 
 
+RUNTIME_LABELS = {"ort-fp32": "ONNX Runtime fp32", "ort-int8-static": "ONNX Runtime int8 static (QDQ)",
+                  "ort-int8-dynamic": "ONNX Runtime int8 dynamic", "openvino-fp32": "OpenVINO fp32 (f32 hint)"}
+
+
+def runtime_predictors(model, codec, folder, flip, args):
+    """`--runtimes`: the model exported (fp32 ONNX gated equal to PyTorch, the OpenVINO IR gated the
+    same way) and quantized (static calibrated on the gate's synthetic crops, dynamic), each as the
+    predictor that runs it. Random weights: speed only (the AP cost of int8 is the gate's, on a
+    trained model: `vitpose export --precision int8`)."""
+    import vitpose.inference.export as E
+    from vitpose.data.pixels import normalize_images
+    from vitpose.device import default_batch_size
+    from vitpose.inference import quantize as Q
+    from vitpose.inference.onnx import OnnxPredictor, OpenVinoPredictor
+
+    spec = E._model_spec(model, codec)
+    fp32 = folder / "runtime.onnx"
+    E.to_onnx(model, fp32, codec=codec, log=None)
+    crops = E.gate_crops(None, spec.input_size)[0]
+    calibration = normalize_images(crops, spec.pixel_mean, spec.pixel_std).numpy().astype(np.float32)
+    batch = args.batch_size or default_batch_size("cpu")
+    found = {"ort-fp32": OnnxPredictor(fp32, flip_test=flip, threads=args.threads, batch_size=batch)}
+    for mode in Q.QUANTIZATIONS:
+        path = folder / f"runtime.int8.{mode}.onnx"
+        Q.quantize_onnx(fp32, path, mode, calibration)
+        found[f"ort-int8-{mode}"] = OnnxPredictor(path, flip_test=flip, threads=args.threads, batch_size=batch)
+    try:
+        E.to_openvino(model, folder / "runtime.xml", codec=codec, log=None)
+        found["openvino-fp32"] = OpenVinoPredictor(folder / "runtime.xml", flip_test=flip, threads=args.threads,
+                                                   batch_size=batch)
+    except ImportError as e:
+        print(f"note: no OpenVINO row ({e})")
+    return found
+
+
+def run_runtime(predictor, inputs):
+    """All images' boxes through an exported file's predictor (`predictor(images, boxes)`, as ours batched)."""
+    frames = [cv2.imread(item["path"], cv2.IMREAD_COLOR) for item in inputs]
+    poses = predictor(frames, boxes=[np.array(item["boxes_xyxy"], np.float32) for item in inputs], channels="bgr")
+    return [(p.keypoints, p.keypoint_scores) for p in poses]
+
+
 def keypoint_agreement(ours, theirs, min_score=0.3):
     """Distances (px) between ours and their keypoints over the keypoints ours scores above
     `min_score` (median / 99th percentile / max, share within 0.01 px), and max |score diff|, box by box."""
@@ -632,6 +674,9 @@ def main():
                         help="the peers' process with the same malloc setting (vitpose.device.allocator_environment()): "
                              "ours vs the peers as if they did what we do")
     parser.add_argument("--amp", action="store_true", help="add a bf16-autocast run of ours (always without peers)")
+    parser.add_argument("--runtimes", action="store_true",
+                        help="add ours through exported files: ONNX Runtime fp32, int8 static and dynamic "
+                             "(vitpose.inference.quantize), OpenVINO fp32 (OnnxPredictor / OpenVinoPredictor)")
     parser.add_argument("--pipeline", action="store_true", help="also time the video pipeline, threads vs sequential")
     parser.add_argument("--video", action="store_true",
                         help="also the video row: frames/s with --det-every 1 and 5 (benchmarks/bench_det_every.py; "
@@ -700,6 +745,11 @@ def main():
                             precision="bf16")
             amp_keypoints = run_ours_batched(amp, inputs, flip=flip)
             runners["ours-bf16"] = lambda: run_ours_batched(amp, inputs, flip=flip)
+        runtimes = runtime_predictors(model, codec, folder, flip, args) if args.runtimes else {}
+        runtime_keypoints = {}
+        for name, runtime in runtimes.items():
+            runtime_keypoints[name] = run_runtime(runtime, inputs)
+            runners[name] = lambda runtime=runtime: run_runtime(runtime, inputs)
         peers = None if args.no_peers else Peers(args, files, inputs, folder)
         try:
             for name in ([] if peers is None else args.peers + (["control"] if args.control else [])):
@@ -741,6 +791,9 @@ def main():
             as_lists = [[[k.tolist(), s.tolist()] for k, s in zip(*image)] for image in amp_keypoints]
             rows.append(("ours, batched, bf16 autocast", times["ours-bf16"], stages.seconds,
                          keypoint_agreement(ours_predict, as_lists)))
+        for name, found in runtime_keypoints.items():
+            as_lists = [[[k.tolist(), s.tolist()] for k, s in zip(*image)] for image in found]
+            rows.append((f"ours, {RUNTIME_LABELS[name]}", times[name], {}, keypoint_agreement(ours_predict, as_lists)))
         best = "ours-predict" if statistics.median(times["ours-predict"]) < statistics.median(times["ours-batched"]) \
             else "ours-batched"
         print_table(rows, people, frames, times[best])
@@ -752,6 +805,9 @@ def main():
             fastest = min(peer_stages, key=lambda name: statistics.median(times[name]))
             print(f"ours fp32 ({best}) vs the faster peer ({fastest}), speed-up per round: "
                   f"{spread(ratios(times, fastest, best))} (goal >= 1.2x at fp32)")
+            for name in runtime_keypoints:
+                print(f"ours {RUNTIME_LABELS[name]} vs the faster peer ({fastest}), speed-up per round: "
+                      f"{spread(ratios(times, fastest, name))}")
             if amp_keypoints is not None:
                 print(f"ours bf16 vs the faster peer ({fastest}), speed-up per round: "
                       f"{spread(ratios(times, fastest, 'ours-bf16'))} (goal >= 2x where bf16 is native; "

@@ -42,7 +42,7 @@ from rounds import alternate, load_note, spread, warm_up  # noqa: E402
 
 from vitpose.device import PRECISIONS, precision_name, resolve_precision  # noqa: E402
 from vitpose.engine.evaluate import predict  # noqa: E402
-from vitpose.evaluation.coco_evaluator import resampled_ap  # noqa: E402
+from vitpose.evaluation.coco_evaluator import paired_bootstrap, resampled_ap  # noqa: E402,F401
 
 MAX_AP_DIFFERENCE = 0.002  # issue #20: the most AP a reduced precision may cost (or gain)
 CONFIDENT_SCORE = 0.3  # keypoints scored above this (by fp32) are compared in pixels
@@ -94,21 +94,6 @@ def keypoint_distances(reference: list[dict], other: list[dict], min_score: floa
     oth = np.stack([p["keypoints"] for p in other]).astype(np.float64)
     confident = np.stack([p["keypoint_scores"] for p in reference]) > min_score
     return np.linalg.norm(ref - oth, axis=-1)[confident]
-
-
-def paired_bootstrap(reference_eval, other_eval, resamples: int, seed: int = 0) -> tuple[float, float]:
-    """95% interval of AP(other) - AP(reference) over `resamples` draws of the images with
-    replacement, the same draws for both (`run_cocoeval` results of the same ground truth)."""
-    images = len(reference_eval._paramsEval.imgIds)
-    if len(other_eval._paramsEval.imgIds) != images:
-        raise ValueError("the two evaluations are not of the same images")
-    rng = np.random.default_rng(seed)
-    differences = []
-    for _ in range(resamples):
-        draws = rng.integers(0, images, images)
-        differences.append(resampled_ap(other_eval, draws) - resampled_ap(reference_eval, draws))
-    low, high = np.percentile(differences, [2.5, 97.5])
-    return float(low), float(high)
 
 
 def compare_precisions(model, make_batches, codec, evaluator, precisions, device="cpu", flip_test=True,

@@ -4,7 +4,9 @@ Both are part of the repository (tests/fixtures/README.md, tests/data/coco-mini/
 missing file is an error of the checkout, reported as a failure rather than a skip.
 """
 
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,9 @@ REPO = TESTS.parent
 # must find them too, whichever file runs alone.
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+# What `precision="auto"` measures of this CPU (vitpose.device.cpu_bf16_speedup) is kept in a folder
+# of the test run, never in the user's cache.
+os.environ["VITPOSE_CACHE_DIR"] = tempfile.mkdtemp(prefix="vitpose-test-cache-")
 FIXTURES = TESTS / "fixtures"
 COCO_MINI = TESTS / "data" / "coco-mini"
 

@@ -481,7 +481,7 @@ def test_unknown_formats_are_refused(tmp_path, capsys):
     assert "cannot tell the format from suffix '.tflite'" in capsys.readouterr().err
     assert main(["export", "--model", "m.pth", "--format", "onnx", "--out", str(tmp_path / "m.pt2")]) == 2
     assert "--format onnx but --out" in capsys.readouterr().err
-    with pytest.raises(ValueError, match=r"unknown export format 'tflite'; choose one of \('onnx', 'pt2'\)"):
+    with pytest.raises(ValueError, match=r"unknown export format 'tflite'; choose one of \('onnx', 'pt2', 'openvino'\)"):
         E.export(torch.nn.Identity(), tmp_path / "m.tflite", "tflite")
     for bad in ("0", "abc"):
         with pytest.raises(SystemExit):

@@ -26,6 +26,7 @@ GATED = sorted({p for choices in AUTO_PRECISIONS.values() for p in choices})  # 
 
 
 def test_resolve_precision_on_this_cpu(monkeypatch):
+    monkeypatch.setenv("VITPOSE_CPU_BF16", "faster")  # the speed rule is tests/test_precision_rule.py's
     assert resolve_precision("auto", "cpu") is (torch.bfloat16 if cpu_has_native_bf16() else None)
     assert resolve_precision("fp32", "cpu") is None
     assert resolve_precision("bf16", torch.device("cpu")) is torch.bfloat16  # asked for: taken, native or not
@@ -44,6 +45,7 @@ def test_resolve_precision_on_this_cpu(monkeypatch):
 def test_auto_picks_a_reduced_precision_only_where_it_is_gated_and_native(monkeypatch):
     """A precision in AUTO_PRECISIONS is picked where the device runs it natively, and one taken out
     of the table (as a failed gate would) is never picked, native or not."""
+    monkeypatch.setenv("VITPOSE_CPU_BF16", "faster")  # the speed rule is tests/test_precision_rule.py's
     monkeypatch.setattr(device_module, "cpu_has_native_bf16", lambda: True)
     assert resolve_precision("auto", "cpu") is torch.bfloat16  # gated and native: picked
     monkeypatch.setattr(device_module, "cpu_has_native_bf16", lambda: False)
@@ -53,7 +55,8 @@ def test_auto_picks_a_reduced_precision_only_where_it_is_gated_and_native(monkey
     assert resolve_precision("auto", "cpu") is None  # native, but out of the table
 
 
-def test_one_rule_of_native_bf16_for_training_and_inference():
+def test_one_rule_of_native_bf16_for_training_and_inference(monkeypatch):
+    monkeypatch.setenv("VITPOSE_CPU_BF16", "faster")  # where bf16 is measured faster (auto also follows speed)
     from vitpose.engine import precision as training_precision
 
     assert training_precision.cpu_has_native_bf16 is device_module.cpu_has_native_bf16
@@ -68,7 +71,8 @@ def test_auto_picks_only_gated_precisions():
     assert AUTO_PRECISIONS == {"cpu": ("bf16",), "cuda": ("fp16",)}
 
 
-def test_predictor_takes_precision():
+def test_predictor_takes_precision(monkeypatch):
+    monkeypatch.setenv("VITPOSE_CPU_BF16", "faster")
     from vitpose.inference.predictor import Predictor
     from vitpose.models import build_model
 

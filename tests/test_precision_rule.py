@@ -10,10 +10,13 @@ here the flag readers are faked, so every branch runs on any machine. One subpro
 real `ATEN_CPU_CAPABILITY` variable reaches the reader the rule consults.
 """
 
+import json
 import os
 import platform
 import subprocess
 import sys
+import tempfile
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -23,6 +26,7 @@ from test_evaluate import load_cli, tiny_model, write_config
 from test_train_loop import tiny_args
 
 import vitpose
+from vitpose import device as device_module
 from vitpose.cli.evaluate import evaluate_checkpoint
 from vitpose.device import cpu_has_native_bf16
 from vitpose.device import resolve_precision as inference_precision
@@ -45,7 +49,25 @@ class FakeCpu:
     onednn_isa: str | None = None  # $ONEDNN_MAX_CPU_ISA
 
 
-def fake(monkeypatch, cpu: FakeCpu) -> None:
+def fake_speed(monkeypatch, speedup: float, cache=None) -> list:
+    """bf16's measured speed-up on this (faked) CPU is `speedup`; returns the list of measured steps."""
+    calls = []
+
+    def measure(step, rounds=device_module.SPEED_ROUNDS):
+        calls.append(step)
+        return {"speedup": speedup, "rounds": [speedup] * rounds, "load": 1.0}
+
+    monkeypatch.setattr(device_module, "_measure_bf16_speedup", measure)
+    monkeypatch.setattr(device_module, "_speed_memo", {})
+    monkeypatch.setattr(device_module, "_said", set())
+    monkeypatch.setattr(device_module, "_reason", None)
+    monkeypatch.setenv("VITPOSE_CACHE_DIR", str(cache or tempfile.mkdtemp(prefix="vitpose-speed-")))
+    monkeypatch.delenv("VITPOSE_CPU_BF16", raising=False)
+    return calls
+
+
+def fake(monkeypatch, cpu: FakeCpu, speedup: float = 2.0) -> None:
+    fake_speed(monkeypatch, speedup)  # where bf16 is native, it is measured faster unless a test says not
     monkeypatch.setattr(platform, "machine", lambda: cpu.machine)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: cpu.avx512_bf16)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: cpu.amx)
@@ -223,3 +245,123 @@ def test_evaluate_precision_sets_every_forward(monkeypatch, tmp_path, coco_mini_
 def test_evaluate_refuses_precision_and_amp_together(monkeypatch, tmp_path, coco_mini_dir, tiny_weights):
     with pytest.raises(UserError, match="--precision and --amp both choose the precision"):
         evaluation_forwards(monkeypatch, tmp_path, coco_mini_dir, tiny_weights, "--precision", "bf16", "--amp")
+
+
+# ---- auto follows measured speed (issue 31): native bf16 is taken only where it is faster --------
+
+ZEN4 = FakeCpu(avx512_bf16=True)  # AVX512-BF16 without AMX: this project's test machine kind
+
+
+@pytest.mark.parametrize(("speedup", "expected"), [(0.8, None), (1.05, None), (1.6, torch.bfloat16)],
+                         ids=["bf16-slow", "bf16-barely-faster", "bf16-fast"])
+def test_auto_takes_bf16_only_where_it_is_measured_faster(monkeypatch, capsys, caplog, speedup, expected):
+    caplog.set_level("INFO", logger="vitpose.device")
+    fake(monkeypatch, ZEN4, speedup)
+    calls = fake_speed(monkeypatch, speedup)
+    assert inference_precision("auto", "cpu") is expected
+    assert inference_precision("auto", "cpu") is expected  # the figure is kept: measured once
+    assert len(calls) == 1
+    said = [r.getMessage() for r in caplog.records if r.name == "vitpose.device"]
+    assert len(said) == 1, said  # the reason, once
+    assert said[0].startswith(f"precision auto: {'bf16' if expected else 'fp32'} on this CPU")
+    assert f"bf16 runs {speedup:.2f}x fp32's speed here" in said[0]
+    assert device_module.auto_precision_reason() == said[0]
+    assert capsys.readouterr().err == ""  # stderr is for one-line errors
+    assert inference_precision("bf16", "cpu") is torch.bfloat16  # asked for: taken, slow or not
+    # the training rule still follows the instructions only (its step is a backward pass too)
+    assert training_precision(CPU, amp=True).dtype is torch.bfloat16
+
+
+def test_a_median_from_a_few_lucky_rounds_is_not_enough(monkeypatch, capsys):
+    fake(monkeypatch, ZEN4)
+    calls = []
+
+    def measure(step, rounds=5):
+        calls.append(step)
+        return {"speedup": 1.55, "rounds": [2.07, 1.55, 1.33, 0.65, 0.9], "load": 11.0}  # two rounds slower
+
+    monkeypatch.setattr(device_module, "_measure_bf16_speedup", measure)
+    assert inference_precision("auto", "cpu") is None and len(calls) == 1
+    assert device_module.auto_precision_reason().startswith("precision auto: fp32")
+
+
+def test_auto_never_times_emulated_bf16(monkeypatch, capsys):
+    fake(monkeypatch, FakeCpu(avx512_bf16=True, amx=True, aten="AVX2"))
+    calls = fake_speed(monkeypatch, 5.0)  # even a figure saying bf16 is fast would not be asked for
+    assert inference_precision("auto", "cpu") is None
+    assert calls == [] and capsys.readouterr().err == "" and device_module.auto_precision_reason() is None
+
+
+def test_the_figure_is_cached_per_cpu_model_and_torch_version(monkeypatch, tmp_path):
+    fake(monkeypatch, ZEN4)
+    calls = fake_speed(monkeypatch, 0.7, cache=tmp_path)
+    monkeypatch.setattr(device_module, "cpu_model_name", lambda: "AMD EPYC 9654")
+    assert inference_precision("auto", "cpu") is None and len(calls) == 1
+    cached = json.loads((tmp_path / device_module.CACHE_FILE).read_text())
+    (key, figure), = cached.items()
+    assert "AMD EPYC 9654" in key and f"torch {torch.__version__}" in key and figure["speedup"] == 0.7
+    monkeypatch.setattr(device_module, "_speed_memo", {})  # a new process: read from the cache folder
+    assert inference_precision("auto", "cpu") is None and len(calls) == 1
+    monkeypatch.setattr(device_module, "cpu_model_name", lambda: "Intel Xeon Platinum 8480+")
+    assert inference_precision("auto", "cpu") is None and len(calls) == 2  # another CPU: measured
+    monkeypatch.setattr(torch, "__version__", "9.9.9")
+    assert inference_precision("auto", "cpu") is None and len(calls) == 3  # another torch: measured
+    assert len(json.loads((tmp_path / device_module.CACHE_FILE).read_text())) == 3
+
+
+def test_the_environment_decides_without_a_measurement(monkeypatch):
+    fake(monkeypatch, ZEN4)
+    calls = fake_speed(monkeypatch, 3.0)
+    monkeypatch.setenv("VITPOSE_CPU_BF16", "slower")
+    assert inference_precision("auto", "cpu") is None
+    monkeypatch.setenv("VITPOSE_CPU_BF16", "faster")
+    assert inference_precision("auto", "cpu") is torch.bfloat16
+    monkeypatch.setenv("VITPOSE_CPU_BF16", "quick")
+    with pytest.raises(ValueError, match="VITPOSE_CPU_BF16='quick': use faster or slower"):
+        inference_precision("auto", "cpu")
+    assert calls == []
+
+
+@pytest.mark.parametrize(("fp32_s", "bf16_s"), [(0.02, 0.01), (0.01, 0.03)])
+def test_the_measurement_is_fp32_time_over_bf16_time(fp32_s, bf16_s):
+    """The real timing loop on a step whose duration depends on autocast: the ratio's direction."""
+    def step():
+        time.sleep(bf16_s if torch.is_autocast_enabled("cpu") else fp32_s)
+
+    figure = device_module._measure_bf16_speedup(step)
+    assert len(figure["rounds"]) == device_module.SPEED_ROUNDS
+    assert figure["speedup"] == pytest.approx(fp32_s / bf16_s, rel=0.35)
+
+
+def test_predictor_times_its_own_model(monkeypatch):
+    fake(monkeypatch, ZEN4)
+    steps = []
+
+    def measure(step, rounds=3):
+        step()  # the model's forward runs
+        steps.append(step)
+        return {"speedup": 0.5, "rounds": [0.5], "load": 1.0}
+
+    monkeypatch.setattr(device_module, "_measure_bf16_speedup", measure)
+    from vitpose.inference.predictor import Predictor
+
+    model = tiny_model(seed=2)
+    assert Predictor(model, device="cpu", precision="auto").amp_dtype is None
+    (key,) = device_module._speed_memo
+    assert "ViTPose" in key and "4 crops" in key and f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M" in key
+
+
+def test_predict_prints_the_reason_with_its_summary(monkeypatch, tmp_path, capsys, coco_mini_dir):
+    """`vitpose predict` (auto by default) says once, in its summary, what auto chose and the figure."""
+    from vitpose.cli import main
+
+    fake(monkeypatch, ZEN4, 0.8)
+    weights = tmp_path / "w.safetensors"
+    vitpose.save_weights(tiny_model(seed=3), weights)
+    image = next(coco_mini_dir.glob("*.jpg"))
+    assert main(["predict", str(image), "--model", str(weights), "--detector", "full-frame", "--device", "cpu",
+                 "--json", str(tmp_path / "p.json")]) == 0
+    out, err = capsys.readouterr()
+    said = [line for line in out.splitlines() if line.startswith("precision auto:")]
+    assert len(said) == 1 and said[0].startswith("precision auto: fp32") and "0.80x" in said[0], out
+    assert "precision auto" not in err

@@ -93,6 +93,195 @@ def cpu_has_native_bf16() -> bool:
     return capability.upper() not in _ATEN_CAPABILITIES_WITHOUT_BF16
 
 
+# ----------------------------------------------------------------------------------------------
+# Whether bf16 is faster on this CPU: measured once, cached.
+#
+# Native bf16 instructions are not the same as a faster model. On AMX (Sapphire Rapids) ViTPose-S
+# runs 2.1-2.6x faster in bf16; on an AMD EPYC with AVX512-BF16 and no AMX a 2048x2048 bf16 matmul
+# runs 3.7x faster than fp32 while whole-model timings ranged 0.74-1.2x (issue 31): the model's
+# layer norms, softmax, GELU and the casts autocast inserts around every matmul eat what the matmuls
+# gain. So `auto` takes bf16 on a CPU only where a measurement of the model's own forward says it is
+# faster. Why a measurement and not a table of CPUs: the figure depends on the CPU, the torch
+# (oneDNN) build, the thread count and the model, and one family of CPUs holds several answers (Zen 4
+# runs AVX-512 on 256-bit units, Zen 5 on 512-bit ones); a table would cover the machines someone
+# benchmarked and guess for the rest. The measurement costs a few seconds once per CPU model, torch
+# version, thread count and model, and is kept in the user's cache folder
+# (`precision_cache_path()`); `VITPOSE_CPU_BF16=faster|slower` decides without measuring.
+
+BF16_MIN_SPEEDUP = 1.1  # bf16 costs a little accuracy (within the gate): taken only when clearly faster
+SPEED_ROUNDS = 5  # alternating fp32/bf16 rounds after one warm-up call of each (benchmarks/rounds.py's protocol)
+CACHE_FILE = "cpu-precision.json"
+_speed_memo: dict[str, dict] = {}
+_said: set[str] = set()
+
+
+def precision_cache_path():
+    """Where the measured bf16 speed-ups are kept: `$VITPOSE_CACHE_DIR`, else `$XDG_CACHE_HOME/vitpose`,
+    else `~/.cache/vitpose`, file `cpu-precision.json`."""
+    import os
+    from pathlib import Path
+
+    folder = os.environ.get("VITPOSE_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "vitpose")
+    return Path(folder) / CACHE_FILE
+
+
+def cpu_model_name() -> str:
+    """The CPU's model name (/proc/cpuinfo's "model name", else platform.processor())."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def _proxy_step():
+    """A stand-in for the model when the caller has none: four ViT-S blocks (384 channels, 6 heads,
+    MLP 1536) on 4 crops of 256x192 (192 tokens): the matmuls, norms and softmax a ViTPose forward is made of."""
+    torch.manual_seed(0)
+    blocks = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(
+        384, 6, 1536, dropout=0.0, activation="gelu", batch_first=True, norm_first=True), 4,
+        enable_nested_tensor=False).eval()
+    tokens = torch.randn(4, 192, 384)
+    return lambda: blocks(tokens)
+
+
+def _measure_bf16_speedup(step, rounds: int = SPEED_ROUNDS) -> dict:
+    """fp32 time / bf16 time of `step()` per round (alternating, the order reversed every other round,
+    each ratio within one round: the same load on both), after one warm-up call of each."""
+    import os
+    import statistics
+    import time
+
+    def once(bf16: bool) -> float:
+        start = time.perf_counter()
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            step()
+        return time.perf_counter() - start
+
+    once(False), once(True)
+    ratios = []
+    for r in range(rounds):
+        order = (False, True) if r % 2 == 0 else (True, False)
+        seconds = {bf16: once(bf16) for bf16 in order}
+        ratios.append(seconds[False] / seconds[True])
+    try:
+        load = round(os.getloadavg()[0], 1)
+    except OSError:
+        load = None
+    return {"speedup": statistics.median(ratios), "rounds": [round(x, 3) for x in ratios], "load": load}
+
+
+def _speed_key(step_name: str) -> str:
+    return f"{cpu_model_name()} | torch {torch.__version__} | {torch.get_num_threads()} threads | {step_name}"
+
+
+def _read_cache() -> dict:
+    import json
+
+    try:
+        data = json.loads(precision_cache_path().read_text())
+    except (OSError, ValueError):
+        return {}  # none yet, or unreadable: measured again and rewritten
+    return data if isinstance(data, dict) else {}
+
+
+def _write_cache(key: str, figure: dict) -> None:
+    """Adds one figure to the cache file (a new file written beside it and renamed over it); a cache
+    that cannot be written only costs a measurement next time."""
+    import json
+    import os
+    import tempfile
+
+    path = precision_cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = {**_read_cache(), key: figure}
+        fd, staged = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # O_EXCL, random name
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(staged, path)
+    except OSError as e:
+        log.debug("precision cache %s not written: %s", path, e)
+
+
+def cpu_bf16_speedup(step=None, step_name: str | None = None) -> dict:
+    """{"speedup": fp32 time / bf16 time, "rounds": [...], "load", "source"} of `step` on this CPU.
+
+    `step()` runs one forward of the model (autocast is set around it); None: `_proxy_step()`. The
+    figure is kept per CPU model, torch version, thread count and `step_name` in memory and in
+    `precision_cache_path()`; `VITPOSE_CPU_BF16=faster|slower` overrides it (no measurement).
+    """
+    import os
+
+    forced = os.environ.get("VITPOSE_CPU_BF16", "").strip().lower()
+    if forced in ("faster", "slower"):
+        return {"speedup": float("inf") if forced == "faster" else 0.0, "rounds": [], "load": None,
+                "source": f"VITPOSE_CPU_BF16={forced}"}
+    if forced:
+        raise ValueError(f"VITPOSE_CPU_BF16={forced!r}: use faster or slower (or unset it to measure)")
+    name = step_name or ("ViT-S blocks x4, 4 crops" if step is None else "the model's forward")
+    key = _speed_key(name)
+    if key not in _speed_memo:
+        cached = _read_cache().get(key)
+        if isinstance(cached, dict) and isinstance(cached.get("speedup"), (int, float)):
+            _speed_memo[key] = {**cached, "source": f"measured earlier ({precision_cache_path()})"}
+        else:
+            figure = _measure_bf16_speedup(step if step is not None else _proxy_step())
+            _write_cache(key, figure)
+            _speed_memo[key] = {**figure, "source": "measured now"}
+    return _speed_memo[key]
+
+
+def _say_once(text: str) -> None:
+    """The reason behind `auto`'s choice: logged once per process (INFO) and kept for the command's
+    summary (`auto_precision_reason`; `vitpose predict` prints it with its summary, once), not on
+    stderr, where a command's one-line errors go."""
+    global _reason
+    _reason = text
+    if text not in _said:
+        _said.add(text)
+        log.info(text)
+
+
+_reason: str | None = None
+
+
+def auto_precision_reason() -> str | None:
+    """Why `auto` chose what it chose on a CPU with native bf16 (the measured figure), or None
+    where it has not decided on one in this process."""
+    return _reason
+
+
+def _clearly_faster(figure: dict) -> bool:
+    """bf16's median speed-up at least BF16_MIN_SPEEDUP, and faster than fp32 in all rounds but one:
+    on a loaded machine a median alone can come from a few lucky rounds (measured here, 2 threads,
+    load ~11: rounds 2.07, 1.55, 1.33, 0.65, 1.59 while 8 longer rounds said 0.92x), and fp32, the
+    reference arithmetic, is the choice when in doubt."""
+    rounds = sorted(figure.get("rounds") or [])
+    return figure["speedup"] >= BF16_MIN_SPEEDUP and (len(rounds) < 2 or rounds[1] > 1.0)
+
+
+def _auto_on_cpu(step, step_name) -> str:
+    """`auto` on a CPU: bf16 where it is gated, native and measured faster; else fp32 (the reason said once)."""
+    if "bf16" not in AUTO_PRECISIONS.get("cpu", ()):
+        return "fp32"
+    if not cpu_has_native_bf16():  # AVX2 and the like: emulated bf16 is never auto's choice, and never timed
+        return "fp32"
+    figure = cpu_bf16_speedup(step, step_name)
+    faster = _clearly_faster(figure)
+    rounds = f", rounds {figure['rounds']}, load {figure['load']}" if figure["rounds"] else ""
+    _say_once(f"precision auto: {'bf16' if faster else 'fp32'} on this CPU ({cpu_model_name()}): bf16 runs "
+              f"{figure['speedup']:.2f}x fp32's speed here ({figure['source']}{rounds}); bf16 is taken from "
+              f"{BF16_MIN_SPEEDUP}x up, faster in all rounds but one")
+    return "bf16" if faster else "fp32"
+
+
 def _runs_natively(precision: str, device: torch.device) -> bool:
     if device.type == "cpu":
         return precision == "bf16" and cpu_has_native_bf16()
@@ -109,12 +298,14 @@ def _say_bf16_is_emulated() -> None:
                 "use auto or fp32")
 
 
-def resolve_precision(precision: str, device) -> torch.dtype | None:
+def resolve_precision(precision: str, device, step=None, step_name: str | None = None) -> torch.dtype | None:
     """`"auto" | "fp32" | "bf16" | "fp16"` on `device` -> the autocast dtype, or None for fp32.
 
-    auto: the first of `AUTO_PRECISIONS[device type]` the device computes natively: fp16 on CUDA,
-    bf16 on a CPU with AVX512-BF16 or AMX, fp32 everywhere else (each passed the accuracy gate;
-    see AUTO_PRECISIONS).
+    auto: the first of `AUTO_PRECISIONS[device type]` the device computes natively: fp16 on CUDA;
+    on a CPU bf16 where it is native (AVX512-BF16 or AMX) and measured faster than fp32 by
+    `BF16_MIN_SPEEDUP` (`cpu_bf16_speedup(step, step_name)`: `step()` one forward of the model,
+    None a ViT-S stand-in; cached), fp32 everywhere else (each passed the accuracy gate; see
+    AUTO_PRECISIONS). The reason for a CPU's choice is printed once, on stderr.
     An explicit choice is taken as asked where torch can run it (bf16 on an older CPU is emulated:
     correct but slower, and a warning says so); one it cannot run raises ValueError in one line
     naming the fix.
@@ -123,6 +314,8 @@ def resolve_precision(precision: str, device) -> torch.dtype | None:
         raise ValueError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
     device = torch.device(device)
     if precision == "auto":
+        if device.type == "cpu":
+            return _AUTOCAST_DTYPES[_auto_on_cpu(step, step_name)]
         chosen = next((p for p in AUTO_PRECISIONS.get(device.type, ()) if _runs_natively(p, device)), "fp32")
         return _AUTOCAST_DTYPES[chosen]
     dtype = _AUTOCAST_DTYPES[precision]

@@ -112,8 +112,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "detector_classes: person for COCO, bird..giraffe for AP-10K / APT-36K; a skeleton that "
                         "names none is cropped full-frame)")
     p.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
-                   help="auto (default): fp16 on CUDA, bf16 on a CPU with AVX512-BF16 or AMX (ViTPose-S "
-                        "2.1-2.6x faster than fp32 there), else fp32; what auto picks passed the accuracy gate, "
+                   help="auto (default): fp16 on CUDA, bf16 on a CPU with AVX512-BF16 or AMX where a short "
+                        "measurement of the model finds it faster (cached; the reason is printed once), else "
+                        "fp32; what auto picks passed the accuracy gate, "
                         "AP within 0.002 of fp32 (BENCHMARKS.md). fp32 gives the reference numbers")
     p.add_argument("--batch-images", type=int, default=8, help="images per model call (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=None,
@@ -290,8 +291,13 @@ def build_predictor(args):
     from vitpose.inference.predictor import Predictor
 
     detector = args.detector or ("none" if args.boxes is not None else "default")
+    openvino = _is_openvino(args.model)
+    if Path(args.model).suffix.lower() == ".onnx":
+        _check_onnx_device(args.device)  # the runtime's own GPU first: its package, not torch's CUDA, is missing
+    if openvino:
+        _openvino_device(args.device)  # OpenVINO's GPU is Intel's: checked by OpenVINO, the detector on the CPU
     try:
-        device = resolve_device(args.device)
+        device = resolve_device("cpu" if openvino else args.device)
     except ValueError as e:
         raise UsageError(f"--device: {e}") from None
     tune_cpu_allocator(device)  # on a CPU: this process runs models pass after pass (see its docstring)
@@ -312,12 +318,52 @@ def build_predictor(args):
             parse_det_classes(args.det_classes)
         except ValueError as e:
             raise UsageError(str(e)) from None
-    if Path(args.model).suffix.lower() == ".onnx":
+    if Path(args.model).suffix.lower() == ".onnx" or openvino:
         return build_onnx_predictor(args, None if detector == "none" else detector, device)
     return Predictor.from_pretrained(args.model, detector=None if detector == "none" else detector, device=device,
                                      config=args.config, flip_test=not args.no_flip, batch_size=args.batch_size,
                                      detector_threshold=args.detector_threshold, precision=args.precision,
                                      det_classes=args.det_classes)
+
+
+def _check_onnx_device(requested) -> None:
+    """`--device cuda[:N]` with an ONNX file: onnxruntime must have CUDA (ProviderError names the package)."""
+    if requested is not None and str(requested).startswith("cuda"):
+        from vitpose.inference.onnx import _import_onnxruntime, check_providers
+
+        check_providers(_import_onnxruntime(), ["CUDAExecutionProvider", "CPUExecutionProvider"])
+
+
+def _is_openvino(model) -> bool:
+    """`--model` names an OpenVINO IR: its .xml, or a folder holding one."""
+    path = Path(model)
+    return path.suffix.lower() == ".xml" or (path.is_dir() and any(path.glob("*.xml")))
+
+
+def _openvino_device(requested) -> str:
+    """`--device` for an OpenVINO IR: cpu/auto -> CPU, gpu -> Intel's GPU (checked: ProviderError naming
+    what to install when OpenVINO does not see one)."""
+    text = "auto" if requested is None else str(requested).lower()
+    if text in ("auto", "cpu"):
+        return "CPU"
+    if text.startswith("gpu"):
+        from vitpose.inference.onnx import _import_openvino, check_openvino_device
+
+        check_openvino_device(_import_openvino().Core(), text.upper())
+        return text.upper()
+    raise UsageError(f"--device {requested}: an OpenVINO IR runs on cpu or gpu (Intel's GPU through OpenVINO); "
+                     f"for CUDA export an ONNX file")
+
+
+def _onnx_on_cuda(requested, device) -> bool:
+    """CUDA asked for (checked by `_check_onnx_device`), or `auto` on a CUDA machine whose onnxruntime has it."""
+    if device.type != "cuda":
+        return False
+    if requested is not None and str(requested).startswith("cuda"):
+        return True
+    from vitpose.inference.onnx import _import_onnxruntime
+
+    return "CUDAExecutionProvider" in _import_onnxruntime().get_available_providers()
 
 
 def build_onnx_predictor(args, detector, device):
@@ -328,19 +374,25 @@ def build_onnx_predictor(args, detector, device):
     from vitpose.data.metainfo import dataset_info
     from vitpose.device import default_batch_size
     from vitpose.inference.detect import DEFAULT_SCORE_THRESHOLD, detector_labels, make_detector
-    from vitpose.inference.onnx import OnnxPredictor
+    from vitpose.inference.onnx import OnnxPredictor, OpenVinoPredictor
     from vitpose.models.spec import METADATA_KEY, ModelSpec
 
+    openvino = _is_openvino(args.model)
     if args.config is not None:
         raise UsageError(f"--config: {args.model} is an exported ONNX file, which carries its model; leave out --config")
     if args.precision not in ("auto", "fp32"):
         raise UsageError(f"--precision {args.precision}: an ONNX file runs in the precision it was exported in "
                          f"(vitpose export --fp16 writes a float16 one)")
-    if not Path(args.model).is_file():
+    if not openvino and not Path(args.model).is_file():
         raise UsageError(f"--model {args.model}: no such ONNX file")
-    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device.type == "cuda" else ["CPUExecutionProvider"]
-    predictor = OnnxPredictor(args.model, flip_test=not args.no_flip, providers=providers,
-                              batch_size=args.batch_size or default_batch_size(device))
+    if openvino:
+        predictor = OpenVinoPredictor(args.model, flip_test=not args.no_flip, device=_openvino_device(args.device),
+                                      batch_size=args.batch_size or default_batch_size(device))
+    else:
+        providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if _onnx_on_cuda(args.device, device) else \
+            ["CPUExecutionProvider"]
+        predictor = OnnxPredictor(args.model, flip_test=not args.no_flip, providers=providers,
+                                  batch_size=args.batch_size or default_batch_size(device))
     spec = getattr(predictor, "spec", None)
     recorded = predictor.metadata.get(METADATA_KEY)
     if spec is None and recorded:
@@ -622,6 +674,12 @@ def print_summary(state: _ImageRun, resumed: int, json_path, interrupted: bool, 
     written = [str(p) for p in (state.args.out, json_path) if p is not None]
     if written:
         print("written: " + ", ".join(written), file=report)
+    if state.args.precision == "auto":
+        from vitpose.device import auto_precision_reason
+
+        reason = auto_precision_reason()  # set where a CPU's bf16 was timed (the figure behind the choice)
+        if reason:
+            print(reason, file=report)
     if state.renamed:
         print(f"vitpose predict: note: {len(state.renamed)} images are in a format that cannot hold a colour "
               f"picture; drawn as PNG: {state.renamed[0]} -> {state.drawing_of[state.renamed[0]]}"

@@ -557,6 +557,23 @@ def resampled_ap(coco_eval, draws: Sequence[int]) -> float:
     return float(resample.stats[0])
 
 
+def paired_bootstrap(reference_eval, other_eval, resamples: int, seed: int = 0) -> tuple[float, float]:
+    """95% interval of AP(other) - AP(reference) over `resamples` draws of the images with
+    replacement, the same draws for both (`run_cocoeval` / `CocoEvaluator.cocoeval` results of the
+    same ground truth): the interval of the precision gates (benchmarks/precision_gate.py, the
+    int8 gate of `vitpose export --precision int8`)."""
+    images = len(reference_eval._paramsEval.imgIds)
+    if len(other_eval._paramsEval.imgIds) != images:
+        raise ValueError("the two evaluations are not of the same images")
+    rng = np.random.default_rng(seed)
+    differences = []
+    for _ in range(resamples):
+        draws = rng.integers(0, images, images)
+        differences.append(resampled_ap(other_eval, draws) - resampled_ap(reference_eval, draws))
+    low, high = np.percentile(differences, [2.5, 97.5])
+    return float(low), float(high)
+
+
 def _no_detections(coco):
     # What xtcocotools evaluates when no result has a positive keypoint score: the images and
     # categories of the ground truth and no detection (pycocotools' loadRes needs at least one).

@@ -40,6 +40,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -54,11 +55,14 @@ from vitpose.models.vitpose import flip_test as run_flip_test
 from vitpose.models.wrappers import unwrap_model
 from vitpose.topdown import forward_heatmaps, model_input_spec
 
+if TYPE_CHECKING:
+    from vitpose.inference.quantize import Int8Report
+
 __all__ = ["EXPORT_KEY", "FORMATS", "ExportFileError", "ExportGraph", "ExportUsageError", "GateDataError", "GateError",
            "GateReport", "GateRun", "MissingDependencyError", "OpsetError", "check_export", "export", "gate_crops",
-           "own_flip_indices", "read_export_spec", "to_exported_program", "to_onnx"]
+           "own_flip_indices", "read_export_spec", "to_exported_program", "to_int8_onnx", "to_onnx", "to_openvino"]
 
-FORMATS = ("onnx", "pt2")
+FORMATS = ("onnx", "pt2", "openvino")
 EXTRA_HINT = 'pip install "vitpose[export]"'
 ONNX_MODULES = ("onnx", "onnxscript", "onnxruntime")
 INPUT_NAME, OUTPUT_NAME = "input", "heatmaps"
@@ -435,6 +439,40 @@ def _onnx_runner(path: Path):
     return run, f"onnxruntime {ort.__version__} CPU", shape
 
 
+def _openvino_runner(path: Path):
+    """(run, runtime name, input shape) of an OpenVINO IR on OpenVINO's CPU plugin in fp32 (the
+    runtime `OpenVinoPredictor` uses)."""
+    require(("openvino",), "OpenVINO export")
+    import openvino as ov
+
+    core = ov.Core()
+    model = core.read_model(str(path))
+    compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    shape = [d.get_length() if d.is_static else "?" for d in model.inputs[0].get_partial_shape()]
+
+    def run(x: np.ndarray) -> np.ndarray:
+        return np.asarray(compiled(x)[0])
+
+    return run, f"OpenVINO {ov.__version__} CPU (f32)", shape
+
+
+def _write_openvino(graph: ExportGraph, path: Path, batch, input_size, metadata: dict, opset: int | None) -> None:
+    """The ONNX graph (`_write_onnx`, in a temporary folder) converted to an OpenVINO IR at `path`
+    (.xml, and its weights in the .bin beside it), fp32 weights; the metadata in its rt_info."""
+    require(("openvino",), "OpenVINO export")
+    import openvino as ov
+
+    from vitpose.inference.onnx import OPENVINO_RT_INFO
+
+    with tempfile.TemporaryDirectory(prefix="vitpose-openvino-") as tmp:
+        onnx_path = Path(tmp) / "graph.onnx"
+        _write_onnx(graph, onnx_path, batch, input_size, metadata, opset)
+        model = ov.convert_model(str(onnx_path))
+    for key, value in metadata.items():
+        model.set_rt_info(value, OPENVINO_RT_INFO[key])
+    ov.save_model(model, str(path), compress_to_fp16=False)
+
+
 def _pt2_runner(path: Path):
     program = torch.export.load(str(path))
     module = program.module()
@@ -490,6 +528,8 @@ def check_export(path, model: nn.Module, crops: torch.Tensor, *, format: str, ba
     pixels = model_input_spec(model)  # the mean/std forward_heatmaps normalises the reference with
     if format == "onnx":
         run, runtime, shape = _onnx_runner(path)
+    elif format == "openvino":
+        run, runtime, shape = _openvino_runner(path)
     elif format == "pt2":
         run, runtime, shape = _pt2_runner(path)
     else:
@@ -612,8 +652,10 @@ def _export(format: str, model: nn.Module, path, *, batch="dynamic", flip_test=F
             log: Callable[[str], None] | None = print) -> GateReport:
     if format not in FORMATS:
         raise ValueError(f"unknown export format {format!r}; choose one of {FORMATS}")
-    if format == "onnx":
+    if format in ("onnx", "openvino"):
         require()
+    if format == "openvino":
+        require(("openvino",), "OpenVINO export")
     batch = _check_batch(batch)
     path = Path(path)
     num_keypoints = int(unwrap_model(model).head.final_layer.out_channels)
@@ -635,6 +677,8 @@ def _export(format: str, model: nn.Module, path, *, batch="dynamic", flip_test=F
     with staged_files(path) as staged:
         if format == "onnx":
             _write_onnx(graph, staged, batch, input_size, {METADATA_KEY: spec_json, EXPORT_KEY: facts}, opset)
+        elif format == "openvino":
+            _write_openvino(graph, staged, batch, input_size, {METADATA_KEY: spec_json, EXPORT_KEY: facts}, opset)
         else:
             _write_pt2(graph, staged, batch, input_size, spec_json, facts)
         report = check_export(staged, model, crops, format=format, batch=batch, flip_test=flip_test,
@@ -685,19 +729,105 @@ def to_exported_program(model: nn.Module, path, *, batch: str | int = "dynamic",
                    flip_indices=flip_indices, crops=crops, labels=labels, source=source, log=log)
 
 
+def to_openvino(model: nn.Module, path, *, batch: str | int = "dynamic", flip_test: bool = False,
+                codec=None, flip_indices: Sequence[int] | None = None, crops: torch.Tensor | None = None,
+                labels: Sequence[str] = (), source: str | None = None, opset: int | None = None,
+                log: Callable[[str], None] | None = print) -> GateReport:
+    """Export `model` as an OpenVINO IR (`path`: the .xml; its .bin beside it), through the ONNX
+    graph, gated like `to_onnx` (run by OpenVINO's CPU plugin in fp32, the same 1e-4 bound), the
+    ModelSpec and export facts in its rt_info (`vitpose.inference.onnx.OPENVINO_RT_INFO`)."""
+    return _export("openvino", model, path, batch=batch, flip_test=flip_test, codec=codec,
+                   flip_indices=flip_indices, crops=crops, labels=labels, source=source, opset=opset, log=log)
+
+
 def export(model: nn.Module, path, format: str, **kwargs) -> GateReport:
-    """`to_onnx` or `to_exported_program` by name ("onnx" | "pt2")."""
+    """`to_onnx`, `to_exported_program` or `to_openvino` by name ("onnx" | "pt2" | "openvino")."""
     if format == "onnx":
         return to_onnx(model, path, **kwargs)
+    if format == "openvino":
+        return to_openvino(model, path, **{k: v for k, v in kwargs.items() if k != "fp16"})
     if format == "pt2":
         return to_exported_program(model, path, **kwargs)
     raise ValueError(f"unknown export format {format!r}; choose one of {FORMATS}")
 
 
 # ----------------------------------------------------------------------------------------------
+# int8
+
+
+def to_int8_onnx(model: nn.Module, path, *, gate_data, calibration=None, quantization: str = "dynamic",
+                 codec=None, flip_indices: Sequence[int] | None = None, flip_test: bool = False,
+                 batch="dynamic", sigmas=None, bootstrap: int | None = None, bound: float | None = None,
+                 calibration_crops_override=None, log: Callable[[str], None] | None = print) -> Int8Report:
+    """Write `model` as an int8 ONNX file at `path`, only if it passes the AP gate (`vitpose.inference.quantize`):
+    the fp32 graph (`to_onnx`, gated equal to PyTorch), ONNX Runtime's quantization calibrated on
+    `calibration`, the AP of the int8 file against the PyTorch model at fp32 on the held-out images
+    of `gate_data` with the paired bootstrap interval; the gate's figures in `EXPORT_KEY` ("gate").
+
+    gate_data: the held-out COCO keypoint set (a .json or a folder, `coco_set`).
+    calibration: `--calibration` (a folder of images or a COCO set); None: 1 in CALIBRATION_SHARE
+        images of `gate_data` (at most CALIBRATION_IMAGES), which the gate then leaves out.
+    bootstrap, bound: the gate's resamples and bound (None: GATE_BOOTSTRAP, INT8_MAX_AP_DIFFERENCE).
+    calibration_crops_override: uint8 crops to calibrate on instead (tests: a deliberately bad set).
+    Returns the Int8Report; raises Int8GateError (nothing written) when the gate fails.
+    """
+    import onnx
+
+    from vitpose.inference import quantize as Q
+
+    path = Path(path)
+    spec = _model_spec(model, codec)
+    codec = spec.build_codec() if codec is None else codec
+    if flip_indices is None:
+        flip_indices = own_flip_indices(model)
+    ann_file, img_dir = Q.coco_set(gate_data)
+    if quantization == "dynamic":  # ranges taken at run time: nothing to calibrate, every image gates
+        if calibration is not None or calibration_crops_override is not None:
+            raise ValueError("--calibration: dynamic quantization takes the activations' ranges at run time; "
+                             "leave out --calibration or use --quantization static")
+        crops, used, label = np.zeros((0, 3, *codec.input_size[::-1]), np.uint8), set(), "nothing"
+    elif calibration is not None:
+        crops, used, label = Q.calibration_crops(calibration, codec.input_size)
+    else:
+        crops, used, label = Q.calibration_split(ann_file, img_dir, codec.input_size)
+    if calibration_crops_override is not None:
+        crops = np.asarray(calibration_crops_override)
+        label = "the given crops"
+    calibration_x = (normalize_images(crops, spec.pixel_mean, spec.pixel_std).astype(np.float32) if len(crops)
+                     else None)
+    with tempfile.TemporaryDirectory(prefix="vitpose-int8-") as tmp:
+        tmp = Path(tmp)
+        held_out, count = Q.held_out_set(Path(ann_file), Path(img_dir), used, tmp)
+        if count < Q.MIN_GATE_IMAGES:
+            raise Q.CalibrationError(f"--gate-data {gate_data}: {count} images are left once the calibration images "
+                                   f"are taken out; the gate needs at least {Q.MIN_GATE_IMAGES} (and more to resolve it)")
+        fp32 = tmp / "fp32.onnx"
+        gate_uint8, labels, source = gate_crops(None, codec.input_size)  # the fp32 graph's equality gate
+        to_onnx(model, fp32, batch=batch, flip_test=flip_test, codec=codec, flip_indices=flip_indices,
+                crops=gate_uint8, labels=labels, source=source, log=None)  # the fp32 graph equals PyTorch
+        recorded = {p.key: p.value for p in onnx.load(str(fp32), load_external_data=False).metadata_props}
+        with staged_files(path) as staged:
+            Q.quantize_onnx(fp32, staged, quantization, calibration_x)
+            report = Q.int8_gate(model, staged, held_out, img_dir, codec, flip_indices, quantization=quantization,
+                               calibration=label, calibration_count=len(crops), held_out=str(ann_file), sigmas=sigmas,
+                                 bootstrap=Q.GATE_BOOTSTRAP if bootstrap is None else bootstrap)
+            report.bound = Q.INT8_MAX_AP_DIFFERENCE if bound is None else float(bound)
+            report.path = str(path)
+            if log is not None:
+                for line in report.lines():
+                    log(line)
+            if not report.passed:
+                raise Q.Int8GateError(report)
+            facts = {**json.loads(recorded[EXPORT_KEY]), "precision": "int8", "quantization": quantization,
+                     "gate": report.metadata()}
+            Q.set_metadata(staged, {**recorded, EXPORT_KEY: json.dumps(facts, sort_keys=True)})
+    return report
+
+
+# ----------------------------------------------------------------------------------------------
 # `vitpose export`
 
-SUFFIXES = {".onnx": "onnx", ".pt2": "pt2"}
+SUFFIXES = {".onnx": "onnx", ".pt2": "pt2", ".xml": "openvino"}
 
 
 def _batch_arg(text: str) -> str | int:
@@ -715,7 +845,7 @@ def _batch_arg(text: str) -> str | int:
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """The `export` subcommand on `vitpose`'s subparsers."""
     parser = subparsers.add_parser(
-        "export", help="write an ONNX or torch.export file, only after it ran equal to PyTorch",
+        "export", help="write an ONNX, OpenVINO or torch.export file, only after it ran equal to PyTorch",
         shared=("--config", "--debug"),  # vitpose.cli.CommandParser: no --set or --device here
         description="Export a ViTPose checkpoint. The file is written only after it has been run "
                     "(onnxruntime CPU / torch.export.load) on real crops at batch 1 and a larger batch "
@@ -729,15 +859,27 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                              "file records, or its tensor shapes")
     parser.add_argument("--expert", help="the ViTPose+ expert of a mixture-of-experts file (coco, aic, mpii, "
                                          "ap10k, apt36k, coco_wholebody / wholebody)")
-    parser.add_argument("--format", choices=FORMATS, help="default: from --out's suffix (.onnx / .pt2)")
+    parser.add_argument("--format", choices=FORMATS, help="default: from --out's suffix (.onnx / .pt2 / .xml: "
+                                                          "an OpenVINO IR, its weights in the .bin beside it)")
     parser.add_argument("--out", required=True, help="the file to write")
     parser.add_argument("--batch", type=_batch_arg, default="dynamic", help="'dynamic' (default) or a fixed size")
     parser.add_argument("--flip-test", action="store_true", help="bake the flip test into the graph")
     parser.add_argument("--fp16", action="store_true", help="float16 weights (GPU runtimes); float32 input/output")
+    parser.add_argument("--precision", choices=("fp32", "fp16", "int8"), default=None,
+                        help="fp32 (default); fp16 (= --fp16); int8: ONNX Runtime quantization, written only when "
+                             "its COCO AP on held-out images is within 0.005 of fp32's (vitpose.inference.quantize)")
+    parser.add_argument("--calibration", help="int8 static: the images to calibrate on: a folder of images or a "
+                                              "COCO keypoint JSON/folder (with --quantization static and no "
+                                              "--calibration: a quarter of the gate's images, left out of the gate)")
+    parser.add_argument("--quantization", choices=("static", "dynamic"), default=None,
+                        help="int8: dynamic (default: int8 weights, activation ranges at run time; the faster "
+                             "here, BENCHMARKS.md) or static (QDQ calibrated on --calibration; the default when "
+                             "--calibration is given)")
     parser.add_argument("--opset", type=int, help="ONNX opset (default: the exporter's)")
     parser.add_argument("--gate-data", help="COCO keypoint folder for the gate's crops (MMPose layout with "
                                             "annotations/ and val2017/, or one COCO JSON beside its images); "
-                                            "default: a synthetic set made on the fly")
+                                            "default: a synthetic set made on the fly; int8: the held-out set of "
+                                            "its AP gate, default the config's validation set)")
     parser.set_defaults(run=run)
     return parser
 
@@ -754,6 +896,51 @@ def _resolve_format(fmt: str | None, out: Path) -> str:
     return fmt
 
 
+def _precision(args) -> str:
+    precision = getattr(args, "precision", None) or ("fp16" if args.fp16 else "fp32")
+    if args.fp16 and precision != "fp16":
+        raise ExportUsageError(f"--fp16 and --precision {precision} both choose the precision; give one")
+    if precision != "int8" and getattr(args, "calibration", None):
+        raise ExportUsageError("--calibration calibrates an int8 file; add --precision int8 or leave it out")
+    return precision
+
+
+def _run_int8(args, out: Path, fmt: str) -> int:
+    """`vitpose export --precision int8`: the fp32 graph, quantized, written after the AP gate."""
+    from vitpose.builders import load_model
+    from vitpose.inference.quantize import Int8GateError
+
+    if fmt != "onnx":
+        raise ExportUsageError(f"--precision int8 writes an ONNX file (ONNX Runtime's quantization); --format {fmt} "
+                         f"has no int8 path here")
+    gate_data = args.gate_data
+    if gate_data is None and args.config is not None:
+        from vitpose.config import load_config
+
+        cfg = load_config(args.config)
+        gate_data = (Path(cfg.data.root) / cfg.data.val_ann, Path(cfg.data.root) / cfg.data.val_images)
+        if not gate_data[0].is_file():
+            raise GateDataError(f"--config {args.config}: its validation annotations {gate_data[0]} do not exist; "
+                                    f"give the held-out set with --gate-data")
+    if gate_data is None:
+        raise ExportUsageError("--precision int8 is gated on held-out COCO keypoint images: give --gate-data (a COCO "
+                         "folder or JSON) or --config (its validation set)")
+    loaded = load_model(args.model, expert=getattr(args, "expert", None), config=args.config, device="cpu")
+    _refuse_nonfinite_weights(loaded.model)
+    sigmas = getattr(loaded.skeleton, "sigmas", None)
+    try:
+        quantization = args.quantization or ("static" if args.calibration else "dynamic")
+        to_int8_onnx(loaded.model, out, gate_data=gate_data, calibration=args.calibration,
+                     quantization=quantization, codec=loaded.codec, flip_indices=loaded.skeleton.flip_indices,
+                     flip_test=args.flip_test, batch=args.batch, sigmas=sigmas)
+    except Int8GateError as e:  # its figures are printed above: the error line says what it means
+        raise Int8GateError(e.report, f"the int8 file did not pass the AP gate (figures above); nothing was "
+                                      f"written to {out}") from None
+    size = out.stat().st_size
+    print(f"wrote {out} ({size / 2**20:.1f} MiB)")
+    return EXIT_OK
+
+
 def run(args: argparse.Namespace) -> int:
     """`vitpose export`: 0 written; a failed gate (no file) is GateError, exit status 1; bad input
     a UserError, 2 (vitpose.cli's one handler prints them)."""
@@ -762,17 +949,23 @@ def run(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     fmt = _resolve_format(args.format, out)
-    inputs = (args.model, args.config, args.gate_data)
-    for target in (out, out.with_name(out.name + ".data")):  # before the work; never over an input
+    inputs = (args.model, args.config, args.gate_data, getattr(args, "calibration", None))
+    for target in (out, out.with_name(out.name + ".data"), out.with_suffix(".bin")):  # before the work; never over an input
         check_output(target, "--out", inputs=inputs)
+    precision = _precision(args)
     if fmt == "onnx":
         require()
+    if precision == "int8":
+        return _run_int8(args, out, fmt)  # a failed AP gate is Int8GateError: one line, exit status 1
+    if fmt == "openvino" and precision != "fp32":
+        raise ExportUsageError(f"--format openvino writes fp32 weights (OpenVINO picks its own arithmetic per "
+                               f"device); --precision {precision} is for ONNX files")
     loaded = load_model(args.model, expert=getattr(args, "expert", None), config=args.config, device="cpu")
     _refuse_nonfinite_weights(loaded.model)  # before the gate crops and the trace
     crops, labels, source = gate_crops(args.gate_data, loaded.codec.input_size)
-    kwargs = dict(batch=args.batch, flip_test=args.flip_test, fp16=args.fp16, codec=loaded.codec,
+    kwargs = dict(batch=args.batch, flip_test=args.flip_test, fp16=precision == "fp16", codec=loaded.codec,
                   flip_indices=loaded.skeleton.flip_indices, crops=crops, labels=labels, source=source)
-    if fmt == "onnx":
+    if fmt in ("onnx", "openvino"):
         kwargs["opset"] = args.opset
     try:
         export(loaded.model, out, fmt, **kwargs)
@@ -780,6 +973,7 @@ def run(args: argparse.Namespace) -> int:
         what = ("PyTorch's own heatmaps of the model are not finite (NaN/Inf weights or an overflow; figures "
                 "above)" if e.report.reference_nonfinite else "the exported file differs from PyTorch (figures above)")
         raise GateError(e.report, f"{what}; nothing was written to {args.out}") from None
-    size = sum(p.stat().st_size for p in (out, out.with_name(out.name + ".data")) if p.is_file())
+    size = sum(p.stat().st_size for p in (out, out.with_name(out.name + ".data"), out.with_suffix(".bin"))
+               if p.is_file())
     print(f"wrote {out} ({size / 2**20:.1f} MiB)")
     return EXIT_OK

@@ -29,11 +29,13 @@ import numpy as np
 
 from vitpose.codecs.flip import flip_average, flip_heatmaps
 from vitpose.data.pixels import normalize_images
+from vitpose.errors import UserError
 from vitpose.inference.pipeline import TopDown
 from vitpose.inference.results import StageTimer
 from vitpose.models.spec import METADATA_KEY, ModelSpec, SpecError, check_flip_indices
 
-__all__ = ["OnnxMetadataError", "OnnxPredictor"]
+__all__ = ["OnnxMetadataError", "OnnxPredictor", "OpenVinoPredictor", "ProviderError", "check_providers",
+           "openvino_xml"]
 
 EXTRA_HINT = 'pip install onnxruntime (or pip install "vitpose[export]")'
 EXPORT_KEY = "vitpose.export"  # vitpose.inference.export.EXPORT_KEY (that module imports torch)
@@ -41,6 +43,60 @@ EXPORT_KEY = "vitpose.export"  # vitpose.inference.export.EXPORT_KEY (that modul
 
 class OnnxMetadataError(SpecError):
     """An ONNX file's vitpose metadata that cannot be used (names the file and the key)."""
+
+
+class ProviderError(UserError, RuntimeError):
+    """An execution provider (a GPU) was asked for that this onnxruntime cannot give: one line naming
+    the package that has it, instead of onnxruntime's silent run on the CPU."""
+
+
+# The onnxruntime build that carries each accelerator's execution provider (the plain `onnxruntime`
+# wheel has the CPU's only; a GPU build replaces it, the two do not mix in one environment).
+PROVIDER_PACKAGES = {"CUDAExecutionProvider": "onnxruntime-gpu", "TensorrtExecutionProvider": "onnxruntime-gpu",
+                     "ROCMExecutionProvider": "onnxruntime-rocm", "MIGraphXExecutionProvider": "onnxruntime-rocm",
+                     "DmlExecutionProvider": "onnxruntime-directml", "OpenVINOExecutionProvider": "onnxruntime-openvino",
+                     "CoreMLExecutionProvider": "onnxruntime (the macOS wheel)"}
+
+
+def _accelerators(providers) -> list[str]:
+    return [p if isinstance(p, str) else p[0] for p in providers if (p if isinstance(p, str) else p[0])
+            != "CPUExecutionProvider"]
+
+
+def check_providers(ort, providers, session=None) -> None:
+    """Refuse accelerators this onnxruntime does not have (ProviderError naming the package to install).
+
+    Without `session`: against the providers the installed build offers (`get_available_providers`).
+    With it: against those the session really took, since onnxruntime builds a session on the CPU
+    alone, with a warning only, when the accelerator's libraries (CUDA, cuDNN) fail to load.
+    """
+    import importlib.metadata
+
+    wanted = _accelerators(providers)
+    have = ort.get_available_providers() if session is None else session.get_providers()
+    missing = [p for p in wanted if p not in have]
+    if not missing:
+        return
+    name = missing[0]
+    package = PROVIDER_PACKAGES.get(name, "an onnxruntime build with it")
+    installed = next((f"{d} {importlib.metadata.version(d)}" for d in ("onnxruntime", "onnxruntime-gpu")
+                      if _installed(d)), "onnxruntime")
+    if session is None:
+        raise ProviderError(f"{name} was asked for, but the installed {installed} has only {', '.join(have)}: "
+                            f"pip uninstall onnxruntime && pip install {package} (or run on the CPU: --device cpu)")
+    raise ProviderError(f"{name} was asked for and {installed} has it, but it could not start (its libraries, e.g. "
+                        f"CUDA and cuDNN of the versions {package} needs, did not load; onnxruntime's warning above "
+                        f"says which), so the session would run on the CPU alone; fix those or use --device cpu")
+
+
+def _installed(distribution: str) -> bool:
+    import importlib.metadata
+
+    try:
+        importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def _import_onnxruntime():
@@ -79,17 +135,9 @@ class OnnxPredictor(TopDown):
     def __init__(self, path, flip_test: bool = True, codec=None, batch_size: int = 32,
                  providers: Sequence[str] | None = None, threads: int | None = None,
                  flip_indices: Sequence[int] | None = None, detector=None):
-        ort = _import_onnxruntime()
         path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"ONNX file not found: {path}")
-        options = ort.SessionOptions()
-        if threads is not None:
-            options.intra_op_num_threads = int(threads)
-        self.session = ort.InferenceSession(str(path), options,
-                                            providers=list(providers or ["CPUExecutionProvider"]))
         self.path = path
-        self.metadata = dict(self.session.get_modelmeta().custom_metadata_map)
+        self._open(path, providers, threads)  # the runtime's session and the file's metadata
         self._read_shapes()
         self.spec = self._read_spec()
         if self.num_keypoints is None:  # a graph whose output does not say K
@@ -114,16 +162,35 @@ class OnnxPredictor(TopDown):
         self.detector = detector
         self.timer = StageTimer()
 
+    def _open(self, path: Path, providers, threads) -> None:
+        ort = _import_onnxruntime()
+        if not path.is_file():
+            raise FileNotFoundError(f"ONNX file not found: {path}")
+        options = ort.SessionOptions()
+        if threads is not None:
+            options.intra_op_num_threads = int(threads)
+        providers = list(providers or ["CPUExecutionProvider"])
+        check_providers(ort, providers)  # before the work: never a silent CPU run of a GPU request
+        self.session = ort.InferenceSession(str(path), options, providers=providers)
+        check_providers(ort, providers, self.session)
+        self.metadata = dict(self.session.get_modelmeta().custom_metadata_map)
+
+    def _shapes(self):
+        """(input name, input shape, output shape) of the graph; dynamic sizes are not ints."""
+        graph_input = self.session.get_inputs()[0]
+        return graph_input.name, graph_input.shape, self.session.get_outputs()[0].shape
+
+    def _infer(self, x: np.ndarray) -> np.ndarray:
+        return self.session.run(None, {self.input_name: x})[0]
+
     def _read_shapes(self) -> None:
         """Input name, crop size (w, h), fixed batch (None: dynamic) and keypoint count of the graph."""
-        graph_input = self.session.get_inputs()[0]
-        shape = graph_input.shape
+        name, shape, output = self._shapes()
         if len(shape) != 4 or shape[1] != 3 or not all(isinstance(s, int) for s in shape[2:]):
-            raise ValueError(f"{self.path}: input {graph_input.name!r} has shape {shape}, expected (N, 3, h, w)")
-        self.input_name = graph_input.name
+            raise ValueError(f"{self.path}: input {name!r} has shape {shape}, expected (N, 3, h, w)")
+        self.input_name = name
         self.graph_batch = shape[0] if isinstance(shape[0], int) else None
         self.input_size = (int(shape[3]), int(shape[2]))
-        output = self.session.get_outputs()[0].shape
         self.num_keypoints = int(output[1]) if len(output) == 4 and isinstance(output[1], int) else None
         self.heatmap_size = (int(output[3]), int(output[2])) if len(output) == 4 and all(
             isinstance(v, int) for v in output[2:]) else None
@@ -215,8 +282,8 @@ class OnnxPredictor(TopDown):
         if getattr(self.codec, "flip_shift", False) or self.flip_indices is None:
             return  # a shifted flip is not symmetric; without the order nothing can be checked
         facts = self._key(EXPORT_KEY) or {}
-        if isinstance(facts, dict) and facts.get("precision") == "float16":
-            return  # float16 rounding is of the size of what this would test
+        if isinstance(facts, dict) and facts.get("precision") in ("float16", "int8"):
+            return  # float16 / int8 rounding is of the size of what this would test
         w, h = self.input_size
         x = np.random.default_rng(0).standard_normal((1, 3, h, w)).astype(np.float32)
         out = self._run(x)
@@ -254,7 +321,7 @@ class OnnxPredictor(TopDown):
             pad = (self.graph_batch or len(chunk)) - len(chunk)
             if pad:
                 chunk = np.concatenate([chunk, np.zeros((pad, *chunk.shape[1:]), chunk.dtype)])
-            outputs.append(self.session.run(None, {self.input_name: np.ascontiguousarray(chunk)})[0][:len(chunk) - pad])
+            outputs.append(self._infer(np.ascontiguousarray(chunk))[:len(chunk) - pad])
         return np.concatenate(outputs)
 
     def heatmaps(self, crops: np.ndarray) -> np.ndarray:
@@ -272,3 +339,87 @@ class OnnxPredictor(TopDown):
         return flip_average(both[:n], both[n:], self.flip_indices, getattr(self.codec, "flip_shift", False))
 
     run_network = heatmaps  # what `TopDown` calls between the crops and the decode
+
+
+# ----------------------------------------------------------------------------------------------
+# OpenVINO IR (`vitpose export --format openvino`): the same steps, OpenVINO's runtime
+
+OPENVINO_HINT = 'pip install openvino (or pip install "vitpose[openvino]")'
+# Where `vitpose export` keeps the ModelSpec and the export facts in an IR's rt_info (XML element
+# names cannot hold the dots of the ONNX metadata keys).
+OPENVINO_RT_INFO = {METADATA_KEY: ["vitpose", "model_spec"], EXPORT_KEY: ["vitpose", "export"]}
+# What a device asked of OpenVINO needs besides the openvino wheel.
+OPENVINO_DEVICE_NEEDS = {"GPU": "Intel's GPU compute runtime (intel-opencl-icd / Level Zero, and libOpenCL.so.1)",
+                         "NPU": "Intel's NPU driver (intel-driver-compiler-npu)"}
+
+
+def openvino_xml(path) -> Path:
+    """The .xml of an IR named as the .xml itself or as the folder that holds exactly one."""
+    path = Path(path)
+    if path.is_dir():
+        found = sorted(path.glob("*.xml"))
+        if len(found) != 1:
+            raise FileNotFoundError(f"{path}: an OpenVINO IR folder holds one .xml (and its .bin); found "
+                                    f"{len(found)}: {[p.name for p in found]}")
+        return found[0]
+    if not path.is_file():
+        raise FileNotFoundError(f"OpenVINO IR not found: {path}")
+    return path
+
+
+def _import_openvino():
+    try:
+        import openvino
+    except ImportError:
+        raise ImportError(f"OpenVinoPredictor needs openvino, not installed: {OPENVINO_HINT}") from None
+    return openvino
+
+
+def check_openvino_device(core, device: str) -> None:
+    """A device OpenVINO does not see here (its plugin's libraries missing, or no such hardware):
+    ProviderError naming what to install, instead of an error deep in the plugin loader."""
+    wanted = device.split(".")[0].split(":")[0].upper()
+    if wanted in ("AUTO", "HETERO", "MULTI"):
+        return
+    available = list(core.available_devices)  # e.g. ["CPU"], ["CPU", "GPU.0", "GPU.1"]
+    if any(d.split(".")[0].upper() == wanted for d in available):
+        return
+    needs = OPENVINO_DEVICE_NEEDS.get(wanted, "its OpenVINO plugin and driver")
+    raise ProviderError(f"OpenVINO device {device} was asked for, but this machine offers only {', '.join(available)}: "
+                        f"install {needs}, or run on the CPU: --device cpu")
+
+
+class OpenVinoPredictor(OnnxPredictor):
+    """`OnnxPredictor` through an OpenVINO IR written by `vitpose export --format openvino` (the
+    .xml, or the folder holding it): the same steps, spec, flip test and decode; OpenVINO runs the
+    network. `device`: OpenVINO's ("CPU", "GPU", ...; a device it does not see is a ProviderError).
+    The CPU plugin runs in fp32 (`INFERENCE_PRECISION_HINT`): on CPUs with bf16 it would otherwise
+    choose bf16 by itself, and the file was gated in fp32."""
+
+    def __init__(self, path, flip_test: bool = True, codec=None, batch_size: int = 32, device: str = "CPU",
+                 threads: int | None = None, flip_indices: Sequence[int] | None = None, detector=None):
+        self.device_name = str(device).upper()
+        super().__init__(openvino_xml(path), flip_test=flip_test, codec=codec, batch_size=batch_size,
+                         threads=threads, flip_indices=flip_indices, detector=detector)
+
+    def _open(self, path: Path, providers, threads) -> None:
+        ov = _import_openvino()
+        core = ov.Core()
+        check_openvino_device(core, self.device_name)
+        model = core.read_model(str(path))
+        self.metadata = {key: str(model.get_rt_info(where).astype(str)) for key, where in OPENVINO_RT_INFO.items()
+                         if model.has_rt_info(where)}
+        config = {"INFERENCE_PRECISION_HINT": "f32"} if self.device_name.startswith("CPU") else {}
+        if threads is not None:
+            config["INFERENCE_NUM_THREADS"] = int(threads)
+        self.ov_model = model
+        self.session = core.compile_model(model, self.device_name, config)
+
+    def _shapes(self):
+        def dims(port):
+            return [d.get_length() if d.is_static else None for d in port.get_partial_shape()]
+
+        return self.ov_model.inputs[0].get_any_name(), dims(self.ov_model.inputs[0]), dims(self.ov_model.outputs[0])
+
+    def _infer(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(self.session(x)[0])

@@ -33,6 +33,21 @@ from vitpose.topdown import forward_flip_views, forward_heatmaps
 __all__ = ["Poses", "Predictor", "StageTimer"]
 
 
+SPEED_STEP_CROPS = 4  # crops of the one forward `auto` times at fp32 and bf16 on a CPU (seconds, once)
+
+
+def _speed_step(model):
+    """(one forward of `model` on SPEED_STEP_CROPS crops, its name) for `precision="auto"` on a CPU:
+    the model's own step is what bf16 must speed up (`vitpose.device.cpu_bf16_speedup`)."""
+    base = unwrap_model(model)
+    h, w = base.backbone.patch_embed.img_size
+    x = torch.zeros(SPEED_STEP_CROPS, 3, h, w)
+    params = sum(p.numel() for p in base.parameters())
+    name = (f"{type(base).__name__} {params / 1e6:.2f}M parameters, {len(base.backbone.blocks)} blocks, "
+            f"{w}x{h}, {SPEED_STEP_CROPS} crops")
+    return (lambda: base.cpu().eval()(x)), name
+
+
 class Predictor(TopDown):
     """ViTPose on the people of images: person boxes from a detector or the caller.
 
@@ -84,7 +99,8 @@ class Predictor(TopDown):
         if precision is not None:
             if amp_dtype is not None:
                 raise ValueError("give precision= or amp_dtype=, not both")
-            amp_dtype = resolve_precision(precision, self.device)
+            step, name = _speed_step(model) if precision == "auto" else (None, None)
+            amp_dtype = resolve_precision(precision, self.device, step=step, step_name=name)
         self.model = model.to(self.device).eval()
         spec = getattr(unwrap_model(model), "spec", None)
         self.skeleton = skeleton if skeleton is not None else _skeleton_of_model(model, spec)

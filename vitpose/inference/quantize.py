@@ -1,0 +1,385 @@
+"""int8 ONNX files: calibration, ONNX Runtime's quantization and the AP gate on held-out images
+(`vitpose export --precision int8`, `vitpose.inference.export.to_int8_onnx`).
+
+    vitpose export --model best.pth --config cfg.yaml --out pose.int8.onnx --precision int8
+    vitpose export --model vitpose-s --out s.int8.onnx --precision int8 --gate-data coco/ --calibration crops/
+
+The steps (`vitpose.inference.export.to_int8_onnx`):
+1. the fp32 graph, written and gated as `vitpose.inference.export.to_onnx` writes it (equal to PyTorch);
+2. ONNX Runtime's quantization of it (`quantize_onnx`): "static" (QDQ, int8 weights per output
+   channel and uint8 activations whose ranges are calibrated (MinMax) on the crops of the images the
+   user names, `--calibration DIR|COCO.json`: a COCO keypoint file gives its people's crops, a folder
+   of images its whole images) or "dynamic" (the default: int8 weights of the matrix products, the
+   activations' ranges taken at run time; no calibration);
+3. the AP gate (`int8_gate`): the held-out set (a COCO keypoint set, the calibration images taken
+   out of it) predicted with its ground-truth boxes and the flip test by the PyTorch model at fp32
+   and by the int8 file, the same crops and decode, scored by `CocoEvaluator`; the AP difference
+   and its paired bootstrap 95% interval (`vitpose.evaluation.paired_bootstrap`, the interval
+   benchmarks/precision_gate.py reports). The file is written only when |difference| <=
+   `INT8_MAX_AP_DIFFERENCE` and the interval resolves the gate (half-width at most the bound: a set
+   too small to tell a passing file from a failing one passes nothing). The gate's figures go into
+   the file's `vitpose.export` metadata (key "gate"), next to the ModelSpec.
+
+Which quantization by default: dynamic. Measured with `benchmarks/bench_predict.py --runtimes`
+(ViTPose-S, ONNX Runtime 1.32, AMD EPYC with AVX512-VNNI/BF16, 1 thread, 8 boxes with the flip test,
+5 alternating rounds, BENCHMARKS.md "int8"): dynamic 2.79x [2.27-3.02] MMPose's people/s per round,
+static QDQ 2.36x [1.25-2.36]: ONNX Runtime runs static QDQ's many QuantizeLinear/DequantizeLinear
+pairs around the ops it cannot fuse (softmax, layer norm, GELU), which costs more than dynamic's one
+run-time quantization per matrix product. Both passed the gate on the demo model (dynamic +0.0008
+[-0.0007, +0.0019], static +0.0014 [-0.0007, +0.0038]). Static stays for users who name their
+calibration images (`--calibration` implies it) or whose runtime prefers QDQ graphs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from vitpose.errors import UserError
+
+__all__ = ["GATE_BOOTSTRAP", "INT8_MAX_AP_DIFFERENCE", "QUANTIZATIONS", "CalibrationError", "Int8GateError",
+           "Int8Report", "calibration_crops", "calibration_split", "coco_set", "held_out_set", "int8_gate",
+           "quantize_onnx", "set_metadata"]
+
+# The most COCO AP an int8 file may cost (or gain) against the fp32 model (issue 31's bound: int8
+# rounds far coarser than bf16, whose bound is 0.002), and the interval must resolve it.
+INT8_MAX_AP_DIFFERENCE = 0.005
+GATE_BOOTSTRAP = 200  # paired resamples of the held-out images
+QUANTIZATIONS = ("static", "dynamic")
+CALIBRATION_CROPS = 64  # crops the static ranges are calibrated on (MinMax: more adds little)
+CALIBRATION_SHARE = 4  # without --calibration: 1 in this many gate images calibrates (at most 32 images)
+CALIBRATION_IMAGES = 32
+MIN_GATE_IMAGES = 10
+
+
+class CalibrationError(UserError, ValueError):
+    """The calibration images or the held-out set cannot be used (names the path and the fix)."""
+
+
+class Int8GateError(UserError, RuntimeError):
+    """The int8 file failed the AP gate (or its held-out set could not resolve it); nothing was written."""
+
+    exit_status = 1
+
+    def __init__(self, report: Int8Report, message: str | None = None):
+        super().__init__("\n".join(report.lines()) if message is None else message)
+        self.report = report
+
+
+@dataclass
+class Int8Report:
+    """What the gate measured: the figures that go into the file's metadata."""
+
+    quantization: str
+    ap_fp32: float
+    ap_int8: float
+    interval: tuple[float, float]
+    images: int
+    instances: int
+    held_out: str
+    calibration: str
+    calibration_crops: int
+    bound: float = INT8_MAX_AP_DIFFERENCE
+    bootstrap: int = GATE_BOOTSTRAP
+    path: str = ""
+
+    @property
+    def difference(self) -> float:
+        return self.ap_int8 - self.ap_fp32
+
+    @property
+    def resolves(self) -> bool:
+        low, high = self.interval
+        return (high - low) / 2 <= self.bound
+
+    @property
+    def passed(self) -> bool:
+        return abs(self.difference) <= self.bound and self.resolves
+
+    def lines(self) -> list[str]:
+        low, high = self.interval
+        verdict = "pass" if self.passed else ("FAIL: the held-out set cannot resolve the gate (give more images "
+                                              "with --gate-data)" if abs(self.difference) <= self.bound
+                                              else "FAIL: int8 moves AP by more than the bound")
+        calibrated = (f"calibrated on {self.calibration_crops} crops of {self.calibration}" if self.calibration_crops
+                      else "no calibration")
+        return [f"int8 ({self.quantization}, {calibrated}) "
+                f"against fp32 on {self.images} held-out images ({self.instances} people) of {self.held_out}:",
+                f"  AP {self.ap_int8:.4f} vs fp32 {self.ap_fp32:.4f}: difference {self.difference:+.4f}, 95% interval "
+                f"[{low:+.4f}, {high:+.4f}] ({self.bootstrap} paired resamples); gate |d| <= {self.bound} with an "
+                f"interval of half-width <= {self.bound}: {verdict}"]
+
+    def metadata(self) -> dict:
+        facts = asdict(self)
+        facts.pop("path")
+        facts.update(difference=round(self.difference, 6), passed=self.passed, interval=list(self.interval))
+        return facts
+
+
+# ----------------------------------------------------------------------------------------------
+# Calibration crops and the held-out set
+
+
+def _image_files(folder: Path) -> list[Path]:
+    from vitpose.inference.pipeline import IMAGE_SUFFIXES
+
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+
+
+def _coco_images_folder(ann_file: Path) -> Path:
+    """Where the images of a COCO file named on its own lie: beside it, or MMPose's layout
+    (annotations/person_keypoints_<split>.json -> <split>/)."""
+    if ann_file.parent.name == "annotations":
+        split = ann_file.stem.split("_")[-1]
+        if (ann_file.parent.parent / split).is_dir():
+            return ann_file.parent.parent / split
+    return ann_file.parent
+
+
+def coco_set(source) -> tuple[Path, Path]:
+    """(annotation file, image folder) of a COCO keypoint set named as a .json file or a folder
+    (MMPose's layout, or one COCO JSON beside its images), or given as that pair (a config's
+    `data.val_ann` and `data.val_images`)."""
+    if isinstance(source, tuple):
+        return Path(source[0]), Path(source[1])
+    source = Path(source)
+    if source.is_file():
+        return source, _coco_images_folder(source)
+    mmpose = source / "annotations" / "person_keypoints_val2017.json"
+    if mmpose.is_file():
+        return mmpose, source / "val2017"
+    objects = [p for p in sorted(source.glob("*.json")) if _first_char(p) == "{"]  # detections beside are a list
+    if len(objects) == 1:
+        return objects[0], source
+    raise FileNotFoundError(f"{source}: expected annotations/person_keypoints_val2017.json (+ val2017/) or one COCO "
+                            f"annotation JSON beside its images; found {len(objects)} JSON objects")
+
+
+def _first_char(path: Path) -> str:
+    with open(path, "rb") as f:
+        return f.read(4096).lstrip()[:1].decode("ascii", errors="replace")
+
+
+def _whole_image_crops(images: Sequence[Path], input_size, count: int) -> np.ndarray:
+    """Each image as one crop (the whole frame as the box, padding 1.25, the UDP warp): a folder
+    of person photos, as `--detector full-frame` would crop them."""
+    from vitpose.data.geometry import bbox_xyxy2cs
+    from vitpose.data.transforms import topdown_affine
+    from vitpose.files import read_image
+
+    crops = []
+    for path in images[:count]:
+        image = read_image(path)  # BGR uint8, the pixel limit checked
+        if image is None:
+            raise CalibrationError(f"--calibration: {path} is not an image OpenCV can read")
+        h, w = image.shape[:2]
+        center, scale = bbox_xyxy2cs(np.array([0, 0, w, h], np.float32))
+        crop = topdown_affine(image[..., ::-1], center, scale, 0.0, tuple(input_size))[0]
+        crops.append(np.ascontiguousarray(crop.transpose(2, 0, 1)))
+    return np.stack(crops)
+
+
+def _coco_crops(ann_file: Path, img_dir: Path, input_size, count: int, image_ids=None) -> np.ndarray:
+    from vitpose.data.coco import CocoKeypoints
+
+    w, h = input_size
+    dataset = CocoKeypoints(ann_file, img_dir, train=False, input_size=(w, h), heatmap_size=(w // 4, h // 4))
+    keep = [i for i in range(len(dataset)) if image_ids is None or int(dataset.instance_info(i)["image_id"]) in image_ids]
+    if not keep:
+        raise CalibrationError(f"--calibration {ann_file}: no person with keypoints in its images")
+    step = max(1, len(keep) // count)  # spread over the set rather than the first images only
+    return np.stack([np.asarray(dataset[i]["image"]) for i in keep[::step][:count]])
+
+
+def _image_path(img_dir, image: dict) -> Path:
+    return (Path(img_dir) / image["file_name"]).resolve()
+
+
+def calibration_crops(source, input_size, count: int = CALIBRATION_CROPS) -> tuple[np.ndarray, set[Path], str]:
+    """(uint8 RGB crops (N, 3, h, w), the image files used (resolved), a label) of `--calibration`:
+    a COCO keypoint .json (its people's crops, GT boxes) or folder (MMPose layout / one COCO JSON
+    beside its images), else a folder of images (each whole image one crop)."""
+    source = Path(source)
+    if not source.exists():
+        raise CalibrationError(f"--calibration {source}: no such file or folder; give a folder of images or a "
+                               f"COCO keypoint JSON")
+    if source.is_file() or any(p.suffix.lower() == ".json" for p in source.iterdir()):
+        try:
+            ann_file, img_dir = coco_set(source)
+        except (FileNotFoundError, ValueError) as e:
+            raise CalibrationError(f"--calibration {source}: {e}") from None
+        used = {_image_path(img_dir, im) for im in json.loads(ann_file.read_text())["images"]}
+        return _coco_crops(ann_file, img_dir, input_size, count), used, str(source)
+    images = _image_files(source)
+    if not images:
+        raise CalibrationError(f"--calibration {source}: no images in this folder ({', '.join(('.jpg', '.png'))}, ...)")
+    return _whole_image_crops(images, input_size, count), {p.resolve() for p in images[:count]}, str(source)
+
+
+def held_out_set(ann_file: Path, img_dir: Path, exclude: set[Path], folder: Path) -> tuple[Path, int]:
+    """A COCO file in `folder` of the images of `ann_file` (in `img_dir`) that are not among the
+    files `exclude` (resolved paths) and their annotations: what the gate scores. Returns (its
+    path, its image count)."""
+    data = json.loads(Path(ann_file).read_text())
+    images = [im for im in data["images"] if _image_path(img_dir, im) not in exclude]
+    kept = {im["id"] for im in images}
+    subset = {**data, "images": images, "annotations": [a for a in data["annotations"] if a["image_id"] in kept]}
+    path = folder / "held_out.json"
+    path.write_text(json.dumps(subset))
+    return path, len(images)
+
+
+# ----------------------------------------------------------------------------------------------
+# The int8 graph, and the gate
+
+
+class OnnxNetwork(nn.Module):
+    """An ONNX file as the network step of `vitpose.topdown.forward_heatmaps` (normalised float32
+    crops -> heatmaps), so that the gate runs the same normalisation, flip test and decode for the
+    file as for the PyTorch model. `spec`: the model's (the pixels it normalises with)."""
+
+    def __init__(self, path, spec, threads: int | None = None):
+        super().__init__()
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        if threads:
+            options.intra_op_num_threads = int(threads)
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.input_name = self.session.get_inputs()[0].name
+        self.spec = spec
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.session.run(None, {self.input_name: np.ascontiguousarray(x.detach().cpu().numpy(), np.float32)})[0]
+        return torch.from_numpy(out)
+
+
+def _predictions(network, dataset, codec, flip_indices, batch_size: int = 16) -> list[dict]:
+    """Prediction dicts (what `CocoEvaluator` takes) of `network` on the GT-box crops of `dataset`."""
+    from vitpose.codecs.decode import decode_to_image
+    from vitpose.topdown import forward_heatmaps
+
+    predictions = []
+    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=0)
+    with torch.no_grad():
+        for batch in loader:
+            heatmaps = forward_heatmaps(network, batch["image"], True, None, flip_indices, codec.flip_shift)
+            center, scale = batch["center"].numpy().astype(np.float32), batch["scale"].numpy().astype(np.float32)
+            keypoints, scores = decode_to_image(codec, heatmaps.numpy(), center, scale)
+            area = batch["area"].numpy() if "area" in batch else np.prod(scale, axis=1)
+            for i in range(len(keypoints)):
+                predictions.append({"id": int(batch["id"][i]), "image_id": int(batch["image_id"][i]),
+                                    "keypoints": keypoints[i], "keypoint_scores": scores[i],
+                                    "bbox_score": float(batch["bbox_score"][i]) if "bbox_score" in batch else 1.0,
+                                    "area": float(area[i])})
+    return predictions
+
+
+def int8_gate(model: nn.Module, int8_path, ann_file, img_dir, codec, flip_indices, *, quantization: str,
+              calibration: str, calibration_count: int, held_out: str, sigmas=None,
+              bootstrap: int = GATE_BOOTSTRAP) -> Int8Report:
+    """The AP of the int8 file against the PyTorch model at fp32 on the COCO set `ann_file` (GT
+    boxes, flip test), with the paired bootstrap interval of the difference."""
+    from vitpose.data.coco import CocoKeypoints
+    from vitpose.evaluation.coco_evaluator import CocoEvaluator, paired_bootstrap
+    from vitpose.models.spec import spec_of_model
+    from vitpose.models.wrappers import unwrap_model
+
+    w, h = codec.input_size
+    dataset = CocoKeypoints(ann_file, img_dir, train=False, input_size=(w, h), heatmap_size=tuple(codec.heatmap_size))
+    if len(dataset) == 0:
+        raise CalibrationError(f"--gate-data {held_out}: no people with keypoints among the held-out images")
+    evaluator = CocoEvaluator(ann_file, sigmas=sigmas)
+    reference_model = unwrap_model(model).cpu().eval()
+    network = OnnxNetwork(int8_path, spec_of_model(reference_model), threads=torch.get_num_threads())
+    reference = evaluator.cocoeval(_predictions(reference_model, dataset, codec, flip_indices))
+    quantized = evaluator.cocoeval(_predictions(network, dataset, codec, flip_indices))
+    interval = paired_bootstrap(reference, quantized, bootstrap)
+    return Int8Report(quantization, float(reference.stats[0]), float(quantized.stats[0]), interval,
+                      len(reference._paramsEval.imgIds), len(dataset), held_out, calibration, calibration_count,
+                      bootstrap=bootstrap)
+
+
+class _CropReader:
+    """onnxruntime's CalibrationDataReader protocol over normalised crops, one at a time."""
+
+    def __init__(self, input_name: str, crops: np.ndarray):
+        self._items = iter([{input_name: crops[i:i + 1]} for i in range(len(crops))])
+
+    def get_next(self):
+        return next(self._items, None)
+
+    def rewind(self):  # not needed by MinMax; part of the protocol
+        pass
+
+
+def quantize_onnx(fp32_path, out_path, quantization: str = "static", calibration: np.ndarray | None = None) -> None:
+    """ONNX Runtime's int8 quantization of the fp32 file (see the module's docstring). `calibration`:
+    normalised float32 crops (N, 3, h, w), needed for "static"."""
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_dynamic, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization {quantization!r}: choose one of {QUANTIZATIONS}")
+    with tempfile.TemporaryDirectory(prefix="vitpose-int8-") as tmp:
+        prepared = Path(tmp) / "prepared.onnx"
+        # shape inference and graph folding first: the quantizer needs the shapes of the activations
+        with contextlib.redirect_stdout(None):
+            quant_pre_process(str(fp32_path), str(prepared))
+        if quantization == "dynamic":
+            quantize_dynamic(str(prepared), str(out_path), weight_type=QuantType.QInt8, per_channel=True)
+            return
+        if calibration is None or len(calibration) == 0:
+            raise ValueError("static quantization needs calibration crops")
+        import onnx
+
+        input_name = onnx.load(str(prepared), load_external_data=False).graph.input[0].name
+        with _quiet_root_logger():  # "Axis 1 is out-of-range for weight ...norm1.weight": 1-D norm scales stay per tensor
+            quantize_static(str(prepared), str(out_path), _CropReader(input_name, calibration.astype(np.float32)),
+                            quant_format=QuantFormat.QDQ, per_channel=True, activation_type=QuantType.QUInt8,
+                            weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax)
+
+
+@contextlib.contextmanager
+def _quiet_root_logger():
+    import logging
+
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+
+
+def set_metadata(path, metadata: dict) -> None:
+    """Add (or replace) ONNX metadata entries of the file at `path`."""
+    import onnx
+
+    model = onnx.load(str(path))
+    kept = {p.key: p.value for p in model.metadata_props}
+    kept.update(metadata)
+    del model.metadata_props[:]
+    for key, value in kept.items():
+        model.metadata_props.add(key=key, value=value)
+    onnx.save(model, str(path))
+
+
+def calibration_split(ann_file, img_dir, input_size) -> tuple[np.ndarray, set[Path], str]:
+    """Without --calibration: 1 in CALIBRATION_SHARE images of the gate's set (spread over it, at
+    most CALIBRATION_IMAGES) calibrate; (crops, their image files, a label). The gate leaves them out."""
+    ordered = sorted(json.loads(Path(ann_file).read_text())["images"], key=lambda im: im["id"])
+    take = max(1, min(CALIBRATION_IMAGES, len(ordered) // CALIBRATION_SHARE))
+    chosen = ordered[::max(1, len(ordered) // take)][:take]
+    crops = _coco_crops(Path(ann_file), Path(img_dir), input_size, CALIBRATION_CROPS,
+                        image_ids={im["id"] for im in chosen})
+    return crops, {_image_path(img_dir, im) for im in chosen}, f"{len(chosen)} images of the gate's set (left out of it)"
