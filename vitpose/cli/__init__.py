@@ -17,12 +17,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from vitpose.cli import build_crop_cache, check_data, evaluate, import_annotations, plot, predict, train, tune
+from vitpose.cli import build_crop_cache, check_data, evaluate, import_annotations, merge, plot, predict, train, tune
 from vitpose.errors import UserError
 from vitpose.inference import export
 
 # The subcommands, in the order `vitpose --help` lists them.
-COMMANDS = (train, evaluate, predict, export, tune, check_data, build_crop_cache, plot, import_annotations)
+COMMANDS = (train, evaluate, predict, merge, export, tune, check_data, build_crop_cache, plot, import_annotations)
 
 SHARED = ("--config", "--set", "--device", "--debug")
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C

@@ -112,8 +112,28 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--keypoint-threshold", type=float, default=0.3,
                    help="drawing: keypoints with a lower score are not drawn (default: %(default)s)")
     p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
+    add_shard_arguments(p)
     p.set_defaults(run=run)
     return p
+
+
+def add_shard_arguments(p) -> None:
+    """Many processes, GPUs and machines (vitpose.inference.sharded; README "Many GPUs, many machines")."""
+    p.add_argument("--shard", default=None, metavar="K/N",
+                   help="run the work units (images, or --segment frame ranges) whose id hashes to K mod N; "
+                        "--json names a directory (or a pattern with {shard}) for one JSON Lines file per shard, "
+                        "joined by `vitpose merge`. Default: torchrun's RANK/WORLD_SIZE, else SLURM_PROCID/NTASKS "
+                        "and SLURM_ARRAY_TASK_ID/COUNT, else one process")
+    p.add_argument("--segment", type=int, default=None, metavar="FRAMES",
+                   help="a video as units of FRAMES frames (sharded and resumed apart; track ids joined by merge)")
+    p.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
+                   help="start N processes here, shard k/N each (one GPU each where there are GPUs)")
+    p.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="ray: the units go to a pool of Ray actors (pip install 'vitpose[ray]'); the same shard "
+                        "files (default: %(default)s)")
+    p.add_argument("--workers", type=int, default=None, metavar="N", help="--engine ray: model actors (default 1)")
+    p.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="--engine ray: a running cluster (default: a local one on this machine's CPUs and GPUs)")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -329,6 +349,11 @@ def run(args) -> int:
 
 def _run(args) -> int:
     _check_flags(args)
+    if args.nproc_per_node is not None:  # N copies of this command, one shard each
+        from vitpose.inference.sharded import spawn_shards
+
+        return spawn_shards(args)
+    plan = None
     kinds = [classify_source(s) for s in args.source]
     streams = [s for s, kind in zip(args.source, kinds) if kind in ("video", "webcam")]
     if streams and len(args.source) > 1:
@@ -343,6 +368,10 @@ def _run(args) -> int:
             from vitpose.inference.video import check_video_file
 
             check_video_file(source)
+        if args.segment is not None:  # frame ranges as work units: this shard's, args.json its file
+            from vitpose.inference.sharded import plan_segments
+
+            plan = plan_segments(args, source)
         check_outputs(args, [] if kinds[0] == "webcam" else [source], video_source=source)
         if args.boxes is not None:  # its errors before the model loads (run_video reads it for the frames)
             read_boxes_file(args.boxes)
@@ -354,8 +383,17 @@ def _run(args) -> int:
         paths = list_images([str(Path(s).expanduser()) for s in args.source])
         names = output_names(paths)
         image_ids(names)  # duplicate ids: an error before any work
+        from vitpose.inference.sharded import plan_images
+
+        plan = plan_images(args, paths, names)  # --shard K/N (or a launcher's): this shard's images
+        if plan is not None:
+            paths = plan.paths
         check_outputs(args, paths)
     boxes = read_boxes(args, names)
+    if args.engine == "ray":  # the model runs in Ray's actors, not here
+        from vitpose.integrations.ray import predict_with_ray
+
+        return predict_with_ray(args, plan, boxes)
     try:  # after the sources, the outputs and the boxes file are checked
         predictor = build_predictor(args)
     except (ValueError, RuntimeError) as e:  # an unrecognised weights file, detector weights, ViTPose+
@@ -363,6 +401,10 @@ def _run(args) -> int:
             raise
         raise UsageError(str(e)) from None
     with StopOnSignal() as stop:
+        if plan is not None and streams:
+            from vitpose.inference.sharded import predict_segments
+
+            return predict_segments(predictor, plan, args, stop.event)
         if streams:
             from vitpose.inference.video import run_video  # the video pipeline (decode, detect and pose overlapped)
 
@@ -384,7 +426,9 @@ class _ImageRun:
         self.predictor, self.args = predictor, args
         self.ids, _ = image_ids(names)
         self.results = None
-        if args.json is not None and getattr(args, "format", "coco") != "coco":
+        if getattr(args, "shard_plan", None) is not None and args.json is not None:  # units.ShardFile
+            self.results = args.shard_plan.results_file()
+        elif args.json is not None and getattr(args, "format", "coco") != "coco":
             self.results = ResultsFile(args.json, "file_name", array=True, render=_annotation_writer(args, predictor))
         elif args.json is not None:
             self.results = ResultsFile(args.json, "file_name", array=args.json_array, resume=args.resume)
@@ -413,7 +457,10 @@ class _ImageRun:
                 records, nonfinite = coco_records(poses, image_id=image_id, file_name=name)
                 if getattr(self.args, "format", "coco") != "coco":  # the pre-annotation formats need the size
                     records = [{**r, "width": image.shape[1], "height": image.shape[0]} for r in records]
-                self.results.write(records, nonfinite)
+                if hasattr(self.results, "write_item"):  # a shard file: the image's unit, ended
+                    self.results.write_item(name, records, nonfinite)
+                else:
+                    self.results.write(records, nonfinite)
         self.people += len(poses)
         self.nobody += len(poses) == 0
         self.done += 1
