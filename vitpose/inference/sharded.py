@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import cv2
+import numpy as np
 
 from vitpose.errors import UserError
 from vitpose.files import opencv_path
-from vitpose.inference.pipeline import coco_records, image_ids
+from vitpose.inference.pipeline import coco_records, image_ids, read_boxes_file
 from vitpose.inference.units import (
     ShardError,
     ShardFile,
@@ -141,8 +142,6 @@ def plan_segments(args, video: Path) -> ShardPlan:
 def _frames_of(unit: WorkUnit, max_failures: int = 25):
     """(index, BGR frame) of the unit's range: the frames before it are decoded and dropped
     (`grab`), which is exact in every container, where seeking lands on a key frame in some."""
-    from vitpose.inference.video import Frame
-
     with opencv_path(unit.path) as name:
         capture = cv2.VideoCapture(name)
     try:
@@ -156,7 +155,7 @@ def _frames_of(unit: WorkUnit, max_failures: int = 25):
             ok, bgr = capture.read()
             if ok and bgr is not None:
                 failures = 0
-                yield Frame(index, bgr)
+                yield index, bgr
             else:
                 failures += 1
                 if unit.stop is None or failures >= max_failures:
@@ -166,13 +165,43 @@ def _frames_of(unit: WorkUnit, max_failures: int = 25):
         capture.release()
 
 
+def _segment_boxes(args):
+    """`--boxes` of a video: keyed by "frame", else "image_id" as the frame index (as the unsplit run reads them)."""
+    if not getattr(args, "boxes", None):
+        return None, None
+    table = read_boxes_file(args.boxes)
+    for key in ("frame", "image_id"):
+        if table.keyed_by(key) or not table.by_key:
+            return table, key
+    raise UserError(f"--boxes: {args.boxes}: a video's boxes are keyed by 'frame' (the 0-based frame index); "
+                    f"its records have only 'file_name'")
+
+
+def _predict_chunk(predictor, chunk: list, boxes, failed: list[str]) -> list:
+    """The predictor on (index, frame) pairs, in one call as the unsplit run batches them; when it
+    fails, frame by frame, so that one bad frame costs one frame. -> [Poses | None]."""
+    table, key = boxes
+    given = None
+    if table is not None:
+        given = [np.concatenate([d.boxes, d.scores[:, None]], axis=1) for d in (table.lookup(key, i) for i, _ in chunk)]
+    try:
+        found = predictor([bgr for _, bgr in chunk], boxes=given, channels="bgr")
+    except Exception as e:  # noqa: BLE001 - any failure on one frame's pixels costs that frame
+        if len(chunk) > 1:
+            return [p for pair in chunk for p in _predict_chunk(predictor, [pair], boxes, failed)]
+        failed.append(f"frame {chunk[0][0]}: {type(e).__name__}: {e}")
+        return [None]
+    for (index, _), poses in zip(chunk, found):
+        poses.frame = index
+    return found
+
+
 def predict_segments(predictor, plan: ShardPlan, args, stop: threading.Event | None = None) -> int:
     """This shard's segments; returns the exit status (0, 1 some frames failed, 130 interrupted)."""
     from vitpose.inference.tracking import Tracker
-    from vitpose.inference.video import _frame_boxes, _predict_frames  # the unsplit run's steps, the same numbers
 
     results = plan.results_file()
-    boxes = _frame_boxes(args)
+    boxes = _segment_boxes(args)
     batch = max(1, int(getattr(args, "batch_images", 8) or 8))
     todo = [u for u in plan.mine if u.id not in results.done_units]
     failed: list[str] = []
@@ -180,7 +209,7 @@ def predict_segments(predictor, plan: ShardPlan, args, stop: threading.Event | N
     interrupted = False
     try:
         for unit in todo:
-            tracker = Tracker() if args.track else None
+            tracker = Tracker() if args.track else None  # each segment its own; merge joins the ids
             results.begin(unit)
             chunk: list = []
             source = _frames_of(unit)
@@ -188,11 +217,11 @@ def predict_segments(predictor, plan: ShardPlan, args, stop: threading.Event | N
                 if stop is not None and stop.is_set():
                     interrupted = True
                     break
-                frame = next(source, None)
-                if frame is not None:
-                    chunk.append(frame)
-                if chunk and (frame is None or len(chunk) == batch):
-                    for _, poses in _predict_frames(predictor, chunk, boxes, failed):
+                pair = next(source, None)
+                if pair is not None:
+                    chunk.append(pair)
+                if chunk and (pair is None or len(chunk) == batch):
+                    for poses in _predict_chunk(predictor, chunk, boxes, failed):
                         if poses is None:
                             continue
                         if tracker is not None:
@@ -202,7 +231,7 @@ def predict_segments(predictor, plan: ShardPlan, args, stop: threading.Event | N
                         frames += 1
                         people += len(poses)
                     chunk = []
-                if frame is None:
+                if pair is None:
                     break
             if interrupted:
                 break

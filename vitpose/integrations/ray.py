@@ -111,13 +111,13 @@ class PosePredictor:
                  rows: str = "person", box_format: str = "xyxy", threads: int | None = None):
         import torch
 
-        from vitpose.inference.predictor import Predictor
+        import vitpose  # the public API, as a user's script builds its predictor (layers: ARCHITECTURE.md)
 
         if rows not in ("person", "image"):
             raise ValueError(f"rows must be 'person' or 'image', got {rows!r}")
         torch.set_num_threads(max(1, int(threads or 1)))
         self.rows, self.box_format = rows, box_format
-        self.predictor = Predictor.from_pretrained(model, detector=detector, device=device, config=config,
+        self.predictor = vitpose.Predictor.from_pretrained(model, detector=detector, device=device, config=config,
                                                    flip_test=flip_test, batch_size=batch_size, precision=precision,
                                                    detector_threshold=detector_threshold, det_classes=det_classes)
 
