@@ -255,6 +255,20 @@ def test_shard_flags_and_json_naming_are_checked(tmp_path, weights, capsys):
                             tmp_path / "out" / "poses-{shard}.jsonl"], capsys)
     assert code == 0, err
     assert (tmp_path / "out" / "poses-1-of-2.jsonl").is_file() and (tmp_path / "out" / "manifest.json").is_file()
+    write_video(tmp_path / "clip.avi", frames=4)
+    refused = [
+        ([tmp_path / "clip.avi", "--shard", "0/2", "--json", tmp_path / "v"], "a video is one unit"),
+        ([tmp_path / "clip.avi", "--nproc-per-node", "2", "--json", tmp_path / "v"], "a video is one unit"),
+        ([tmp_path / "photos", "--segment", "10", "--json", tmp_path / "v"], "--segment cuts a video file"),
+        ([tmp_path / "clip.avi", "--segment", "2", "--out", tmp_path / "drawn", "--json", tmp_path / "v"],
+         "--out is not available with --segment"),
+        ([tmp_path / "photos", "--workers", "2", "--json", tmp_path / "v"], "--workers sets up --engine ray"),
+        ([tmp_path / "photos", "--engine", "ray", "--nproc-per-node", "2", "--json", tmp_path / "v"], "choose one"),
+    ]
+    for argv, why in refused:
+        code, _, err = predict([*argv, "--model", weights, *COMMON], capsys)
+        assert code == 2 and why in err and len(err.strip().splitlines()) == 1, (argv, err)
+    assert not (tmp_path / "v").exists()
 
 
 def test_shard_and_rank_from_launcher_variables(monkeypatch):

@@ -349,15 +349,16 @@ def run(args) -> int:
 
 def _run(args) -> int:
     _check_flags(args)
-    if args.nproc_per_node is not None:  # N copies of this command, one shard each
-        from vitpose.inference.sharded import spawn_shards
-
-        return spawn_shards(args)
-    plan = None
     kinds = [classify_source(s) for s in args.source]
     streams = [s for s, kind in zip(args.source, kinds) if kind in ("video", "webcam")]
     if streams and len(args.source) > 1:
         raise UsageError(f"a video or webcam ({streams[0]}) must be the only SOURCE")
+    from vitpose.inference import sharded  # --shard, --segment, --nproc-per-node, --engine ray
+
+    sharded.check_shard_flags(args, kinds[0] if streams else None)
+    if args.nproc_per_node is not None:  # N copies of this command, one shard each
+        return sharded.spawn_shards(args)
+    plan = None
     if streams and args.format != "coco":
         raise UsageError(f"--format {args.format} writes pre-annotations of images; a video takes --format coco")
     if streams:
@@ -369,9 +370,7 @@ def _run(args) -> int:
 
             check_video_file(source)
         if args.segment is not None:  # frame ranges as work units: this shard's, args.json its file
-            from vitpose.inference.sharded import plan_segments
-
-            plan = plan_segments(args, source)
+            plan = sharded.plan_segments(args, source)
         check_outputs(args, [] if kinds[0] == "webcam" else [source], video_source=source)
         if args.boxes is not None:  # its errors before the model loads (run_video reads it for the frames)
             read_boxes_file(args.boxes)
@@ -383,9 +382,7 @@ def _run(args) -> int:
         paths = list_images([str(Path(s).expanduser()) for s in args.source])
         names = output_names(paths)
         image_ids(names)  # duplicate ids: an error before any work
-        from vitpose.inference.sharded import plan_images
-
-        plan = plan_images(args, paths, names)  # --shard K/N (or a launcher's): this shard's images
+        plan = sharded.plan_images(args, paths, names)  # --shard K/N (or a launcher's): this shard's images
         if plan is not None:
             paths = plan.paths
         check_outputs(args, paths)
@@ -402,9 +399,7 @@ def _run(args) -> int:
         raise UsageError(str(e)) from None
     with StopOnSignal() as stop:
         if plan is not None and streams:
-            from vitpose.inference.sharded import predict_segments
-
-            return predict_segments(predictor, plan, args, stop.event)
+            return sharded.predict_segments(predictor, plan, args, stop.event)
         if streams:
             from vitpose.inference.video import run_video  # the video pipeline (decode, detect and pose overlapped)
 

@@ -42,9 +42,30 @@ from vitpose.inference.units import (
     write_manifest,
 )
 
-__all__ = ["ShardPlan", "plan_images", "plan_segments", "predict_segments", "shard_setting", "spawn_shards"]
+__all__ = ["ShardPlan", "check_shard_flags", "plan_images", "plan_segments", "predict_segments", "shard_setting", "spawn_shards"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def check_shard_flags(args, stream: str | None) -> None:
+    """Flags of this module that the rest of the command line makes meaningless: one line each.
+    stream: "video" / "webcam" when the source is one, else None (images)."""
+    engine = getattr(args, "engine", "local")
+    if engine != "ray":
+        for flag, value in (("--workers", getattr(args, "workers", None)), ("--ray-address", getattr(args, "ray_address", None))):
+            if value is not None:
+                raise ShardError(f"{flag} sets up --engine ray; add --engine ray or leave out {flag}")
+    elif args.out is not None:
+        raise ShardError("--out: --engine ray writes the JSON results only; draw with a local run")
+    if args.nproc_per_node is not None and engine == "ray":
+        raise ShardError("--nproc-per-node starts local processes; --engine ray has its --workers: choose one")
+    if args.segment is not None and stream != "video":
+        raise ShardError("--segment cuts a video file into frame ranges; the source is not a video file")
+    setting = (0, args.nproc_per_node, "--nproc-per-node") if args.nproc_per_node else shard_setting(args)
+    if stream is not None and args.segment is None and setting is not None and setting[1] > 1:
+        k, n, where = setting
+        raise ShardError(f"shard {k}/{n} ({where}): a {stream} is one unit of work and would be done by every "
+                         f"shard; cut a video with --segment FRAMES, or run it in one process (--shard 0/1)")
 
 
 def shard_setting(args) -> tuple[int, int, str] | None:

@@ -265,12 +265,13 @@ class ShardFile:
         self._open_unit: str | None = None
         self._open_records = 0
         header = json.dumps({HEADER_KEY: f"{shard}/{shards}"}) + "\n"
-        if resume and self.path.exists():
+        if resume and self.path.exists() and self.path.stat().st_size:
             self._truncate_to_complete_units()
             self.target = self.path
             self.file = open(self.target, "a", encoding="utf-8")
-        else:
-            self.target = self.path.with_name(self.path.name + ".partial") if self.path.exists() else self.path
+        else:  # (an empty file resumed: killed before its header was written)
+            replace = self.path.exists() and not resume
+            self.target = self.path.with_name(self.path.name + ".partial") if replace else self.path
             self.target.parent.mkdir(parents=True, exist_ok=True)
             self.file = open(self.target, "w", encoding="utf-8")
             self.file.write(header)
