@@ -346,7 +346,8 @@ def spawn_shards(args) -> int:
             signal.signal(signum, handler)
     if any(s in (EXIT_INTERRUPTED, -signal.SIGINT, -signal.SIGTERM) for s in statuses):
         return EXIT_INTERRUPTED
-    worst = max(abs(s) for s in statuses)
-    print(f"vitpose predict: {n} shards exited with {statuses}; the results: vitpose merge {args.json} "
-          f"--json MERGED.jsonl", file=sys.stderr)
+    worst = max(EXIT_FAILED if s < 0 else s for s in statuses)  # killed by another signal: that shard failed
+    print(f"vitpose predict: {n} shards exited with {statuses}"
+          + (f"; the results: vitpose merge {args.json} --json MERGED.jsonl" if worst <= EXIT_FAILED else ""),
+          file=sys.stderr)
     return worst
