@@ -226,6 +226,12 @@ def test_segments_equal_the_unsplit_run_and_track_ids_join(tmp_path, weights, ca
         if not (a["frame"] >= 30 and a["bbox"] == [40.0, 30.0, 20.0, 40.0]):
             assert a["track_id"] == b["track_id"], (a["frame"], a["bbox"])  # joined across 15 and 30
     assert "tracks joined across segment borders" in printed
+    # a rerun with --resume does nothing more: every segment of the shard is complete
+    before = (tmp_path / "seg" / "shard-1-of-2.jsonl").read_bytes()
+    code, printed, err = predict([*base, "--segment", "15", "--shard", "1/2", "--json", tmp_path / "seg", "--resume"],
+                                 capsys)
+    assert code == 0 and "0 frames, 0 people in 0 segments" in printed, err
+    assert (tmp_path / "seg" / "shard-1-of-2.jsonl").read_bytes() == before
 
 
 def test_merge_lists_missing_units_and_counts_a_retry_once(tmp_path, weights, capsys):
@@ -294,6 +300,20 @@ def test_shard_and_rank_from_launcher_variables(monkeypatch):
     assert (got.rank, got.world_size, got.launcher) == (0, 1, None)
     with pytest.raises(ValueError, match="SLURM_PROCID"):
         launch_environment({"SLURM_PROCID": "8", "SLURM_NTASKS": "8"})
+
+
+def test_predict_takes_its_shard_from_a_slurm_array(tmp_path, weights, capsys, monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "6")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_MIN", "5")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_COUNT", "2")
+    write_images(tmp_path / "photos", NAMES[:6])
+    code, _, err = predict([tmp_path / "photos", "--model", weights, *COMMON, "--json", tmp_path / "shards"], capsys)
+    assert code == 0, err
+    assert "shard 1/2 from SLURM's array task 1 of 2" in err
+    assert sorted(units_of(tmp_path / "shards" / "shard-1-of-2.jsonl")) == sorted(
+        n for n in NAMES[:6] if unit_shard(n, 2) == 1)
 
 
 def test_work_dir_lock_names_host_and_pid(tmp_path, monkeypatch):
