@@ -22,7 +22,7 @@ from vitpose.errors import UserError
 from vitpose.inference import export
 
 # The subcommands, in the order `vitpose --help` lists them.
-COMMANDS = (train, evaluate, predict, merge, export, tune, check_data, build_crop_cache, plot, import_annotations)
+COMMANDS = (train, evaluate, predict, export, tune, check_data, build_crop_cache, plot, import_annotations, merge)
 
 SHARED = ("--config", "--set", "--device", "--debug")
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
