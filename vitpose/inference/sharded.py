@@ -316,6 +316,8 @@ def spawn_shards(args) -> int:
         raise ShardError("--nproc-per-node writes one file per process: give --json DIR (then vitpose merge DIR)")
     argv = _without(list(getattr(args, "argv", None) or []), {"--nproc-per-node": 1, "--shard": 1})
     gpus = _visible_gpus()
+    if gpus and str(getattr(args, "device", None) or "").startswith("cuda:"):
+        raise ShardError(f"--device {args.device}: --nproc-per-node gives each process its own GPU; say --device cuda")
     threads = max(1, (os.cpu_count() or 1) // n)
     children = []
     for k in range(n):
