@@ -74,28 +74,34 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
-@pytest.mark.slow  # torchrun, two workers, two epochs and a restart: a few minutes on 2 CPUs
+@pytest.mark.slow  # torchrun, two workers, six tiny epochs and a restart: about a minute on 2 CPUs
 def test_torchrun_max_restarts_resumes_through_resume_auto(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--max-restarts", "1",
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", str(REPO / "train.py"),
-           *demo_args(tmp_path, 3), "--resume", "auto"]
+           "--master-port", str(free_port()), str(REPO / "train.py"),
+           *demo_args(tmp_path, 6), "--resume", "auto"]
     log = open(tmp_path / "torchrun.log", "w")
-    run = subprocess.Popen(cmd, cwd=tmp_path, env=clean_env(), stdout=log, stderr=subprocess.STDOUT)
+    run = subprocess.Popen(cmd, cwd=tmp_path, env=clean_env(), stdout=log, stderr=subprocess.STDOUT,
+                           start_new_session=True)
     last = tmp_path / "run" / "last.pth"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and run.poll() is None and not last.exists():
-        time.sleep(0.2)
-    assert run.poll() is None, "the run ended before its first save"
-    time.sleep(1.0)  # the save is atomic (a rename): what exists is whole
-    saved_epoch = torch.load(last, map_location="cpu", weights_only=False)["epoch"]
-    workers = children_of(run.pid)
-    assert len(workers) == 2, workers
-    os.kill(max(workers), signal.SIGKILL)  # one worker dies as a lost node's would
-    assert run.wait(timeout=900) == 0, (tmp_path / "torchrun.log").read_text()[-4000:]
-    log.close()
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and run.poll() is None and not last.exists():
+            time.sleep(0.2)
+        # The save is atomic (a rename): what exists is whole. Kill at once: 6 epochs leave time to
+        # find the workers before the run could end by itself.
+        saved_epoch = torch.load(last, map_location="cpu", weights_only=False)["epoch"]
+        workers = children_of(run.pid)
+        assert run.poll() is None and len(workers) == 2, ("the run ended before the kill", workers)
+        os.kill(max(workers), signal.SIGKILL)  # one worker dies as a lost node's would
+        assert run.wait(timeout=600) == 0, (tmp_path / "torchrun.log").read_text()[-4000:]
+    finally:
+        if run.poll() is None:  # nothing of a hung run may outlive the test
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+        log.close()
     output = (tmp_path / "torchrun.log").read_text()
     assert "resumed from" in output and f"{last}" in output, output[-4000:]
     resumed = [line for line in output.splitlines() if "resumed from" in line][0]
     assert int(resumed.split("epoch ")[1].split(",")[0]) >= saved_epoch
     final = torch.load(last, map_location="cpu", weights_only=False)
-    assert final["epoch"] == 3, final["epoch"]
+    assert final["epoch"] == 6, final["epoch"]
