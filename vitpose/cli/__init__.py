@@ -34,6 +34,7 @@ from vitpose.cli import (
     check_data,
     evaluate,
     import_annotations,
+    merge,
     plot,
     predict,
     select,
@@ -46,7 +47,7 @@ from vitpose.inference import export
 
 # The subcommands, in the order `vitpose --help` lists them.
 COMMANDS = (train, evaluate, predict, export, tune, check_data, build_crop_cache, plot, import_annotations, serve,
-            select, audit)
+            select, audit, merge)
 
 SHARED = ("--config", "--set", "--device", "--debug")
 CONFIG_HELP = ("run config: a YAML file or the name of a shipped config (e.g. vitpose-s_coco_256x192, demo; "

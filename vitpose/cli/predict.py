@@ -121,8 +121,28 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="person boxes per forward pass, doubled by the flip test (default: 8 on a CPU, 32 on a GPU)")
     p.add_argument("--keypoint-threshold", type=float, default=0.3,
                    help="drawing: keypoints with a lower score are not drawn (default: %(default)s)")
+    add_shard_arguments(p)
     p.set_defaults(run=run)
     return p
+
+
+def add_shard_arguments(p) -> None:
+    """Many processes, GPUs and machines (vitpose.inference.sharded; README "Many GPUs, many machines")."""
+    p.add_argument("--shard", default=None, metavar="K/N",
+                   help="run the work units (images, or --segment frame ranges) whose id hashes to K mod N; "
+                        "--json names a directory (or a pattern with {shard}) for one JSON Lines file per shard, "
+                        "joined by `vitpose merge`. Default: torchrun's RANK/WORLD_SIZE, else SLURM_PROCID/NTASKS "
+                        "and SLURM_ARRAY_TASK_ID/COUNT, else one process")
+    p.add_argument("--segment", type=int, default=None, metavar="FRAMES",
+                   help="a video as units of FRAMES frames (sharded and resumed apart; track ids joined by merge)")
+    p.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
+                   help="start N processes here, shard k/N each (one GPU each where there are GPUs)")
+    p.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="ray: the units go to a pool of Ray actors (pip install 'vitpose[ray]'); the same shard "
+                        "files (default: %(default)s)")
+    p.add_argument("--workers", type=int, default=None, metavar="N", help="--engine ray: model actors (default 1)")
+    p.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="--engine ray: a running cluster (default: a local one on this machine's CPUs and GPUs)")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -440,6 +460,12 @@ def _run(args) -> int:
     streams = [s for s, kind in zip(args.source, kinds) if kind in ("video", "webcam")]
     if streams and len(args.source) > 1:
         raise UsageError(f"a video or webcam ({streams[0]}) must be the only SOURCE")
+    from vitpose.inference import sharded  # --shard, --segment, --nproc-per-node, --engine ray
+
+    sharded.check_shard_flags(args, kinds[0] if streams else None)
+    if args.nproc_per_node is not None:  # N copies of this command, one shard each
+        return sharded.spawn_shards(args)
+    plan = None
     if streams and args.format != "coco":
         raise UsageError(f"--format {args.format} writes pre-annotations of images; a video takes --format coco")
     if streams:
@@ -450,6 +476,8 @@ def _run(args) -> int:
             from vitpose.inference.video import check_video_file
 
             check_video_file(source)
+        if args.segment is not None:  # frame ranges as work units: this shard's, args.json its file
+            plan = sharded.plan_segments(args, source)
         check_outputs(args, [] if kinds[0] == "webcam" else [source], video_source=source)
         if args.boxes is not None:  # its errors before the model loads (run_video reads it for the frames)
             read_boxes_file(args.boxes)
@@ -461,10 +489,19 @@ def _run(args) -> int:
         paths = list_images([str(Path(s).expanduser()) for s in args.source])
         names = output_names(paths)
         image_ids(names)  # duplicate ids: an error before any work
+        plan = sharded.plan_images(args, paths, names)  # --shard K/N (or a launcher's): this shard's images
+        if plan is not None:
+            paths = plan.paths
         check_outputs(args, paths)
     boxes = read_boxes(args, names)
+    if args.engine == "ray":  # the model runs in Ray's actors, not here
+        from vitpose.integrations.ray import predict_with_ray
+
+        return predict_with_ray(args, plan, boxes)
     predictor = build_predictor(args)  # after the sources, the outputs and the boxes file are checked
     with StopOnSignal() as stop:
+        if plan is not None and streams:
+            return sharded.predict_segments(predictor, plan, args, stop.event)
         if streams:
             from vitpose.inference.video import run_video  # the video pipeline (decode, detect and pose overlapped)
 
@@ -486,7 +523,9 @@ class _ImageRun:
         self.predictor, self.args = predictor, args
         self.ids, _ = image_ids(names)
         self.results = None
-        if args.json is not None and getattr(args, "format", "coco") != "coco":
+        if getattr(args, "shard_plan", None) is not None and args.json is not None:  # units.ShardFile
+            self.results = args.shard_plan.results_file()
+        elif args.json is not None and getattr(args, "format", "coco") != "coco":
             self.results = ResultsFile(args.json, "file_name", array=True, render=_annotation_writer(args, predictor))
         elif args.json is not None:
             self.results = ResultsFile(args.json, "file_name", array=args.json_array, resume=args.resume)
@@ -544,7 +583,10 @@ class _ImageRun:
                 # the pre-annotation formats need the size; `vitpose serve` answers with the same records
                 with_size = getattr(self.args, "format", "coco") != "coco"
                 records, nonfinite = image_records(poses, name, image_id, image.shape[:2] if with_size else None)
-                self.results.write(records, nonfinite)
+                if hasattr(self.results, "write_item"):  # a shard file: the image's unit, ended
+                    self.results.write_item(name, records, nonfinite)
+                else:
+                    self.results.write(records, nonfinite)
         self.people += len(poses)
         self.nobody += len(poses) == 0
         self.done += 1

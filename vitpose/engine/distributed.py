@@ -1,7 +1,8 @@
-"""Multi-process (DDP) plumbing: one process per GPU, launched by torchrun.
+"""Multi-process (DDP) plumbing: one process per GPU, launched by torchrun (or SLURM's srun).
 
-`init_distributed` reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT)
-and returns a `DistContext`; without torchrun it returns a single-process context and every
+`init_distributed` reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT),
+or SLURM's (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID) when torchrun's is absent
+(`launch_environment`), and returns a `DistContext`; without torchrun it returns a single-process context and every
 helper below is a no-op, so the trainer has one code path. The data loaders shard their
 samples by `ctx.rank` / `ctx.world_size`.
 
@@ -47,19 +48,69 @@ def _process_device(device: str | torch.device, local_rank: int, launched: bool)
         device = f"cuda:{local_rank}"  # one GPU per process
     dev = resolve_device(device)
     if launched and dev.type == "cuda" and dev.index != local_rank:
-        raise ValueError(f"device {str(device)!r} conflicts with torchrun's LOCAL_RANK={local_rank}; "
-                         "use device 'cuda' or 'auto' under torchrun")
+        raise ValueError(f"device {str(device)!r} conflicts with the launcher's local rank {local_rank}; "
+                         "use device 'cuda' or 'auto' under torchrun or srun")
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     return dev
 
 
+@dataclass(frozen=True)
+class LaunchEnvironment:
+    """Where this process stands among its peers, as the launcher said it."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    launcher: str | None = None  # "torchrun" | "slurm" | None (one process)
+
+
+def launch_environment(environ=os.environ) -> LaunchEnvironment:
+    """Rank, world size and local rank from torchrun's RANK / WORLD_SIZE / LOCAL_RANK, else from
+    SLURM's SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID (`srun --ntasks-per-node G python train.py`:
+    one task per GPU, no torchrun) when SLURM_NTASKS > 1, else one process.
+
+    Under SLURM the rendezvous address is the job's first node unless MASTER_ADDR is set (the
+    batch script usually sets it from `scontrol show hostnames`); `init_distributed` falls back to
+    SLURM_LAUNCH_NODE_IPADDR, the node srun ran on, and MASTER_PORT to 29500 + the job id mod 1000.
+    """
+    def number(name: str, default: int | None = None) -> int | None:
+        value = environ.get(name)
+        if value is None or value == "":
+            return default
+        try:
+            return int(value)
+        except ValueError:
+            raise ValueError(f"environment variable {name}={value!r} is not a whole number") from None
+
+    if "RANK" in environ and "WORLD_SIZE" in environ:
+        rank = number("RANK")
+        return LaunchEnvironment(rank, number("WORLD_SIZE"), number("LOCAL_RANK", rank), "torchrun")
+    tasks = number("SLURM_NTASKS", 1)
+    if tasks > 1 and "SLURM_PROCID" in environ:
+        rank = number("SLURM_PROCID")
+        if not 0 <= rank < tasks:
+            raise ValueError(f"SLURM_PROCID={rank} is not below SLURM_NTASKS={tasks}")
+        return LaunchEnvironment(rank, tasks, number("SLURM_LOCALID", 0), "slurm")
+    return LaunchEnvironment()
+
+
+def _slurm_rendezvous(environ) -> None:
+    """MASTER_ADDR / MASTER_PORT for init_process_group's env:// under srun, when not set."""
+    if "MASTER_ADDR" not in environ:
+        environ["MASTER_ADDR"] = environ.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1")
+    if "MASTER_PORT" not in environ:
+        environ["MASTER_PORT"] = str(29500 + int(environ.get("SLURM_JOB_ID", "0") or 0) % 1000)
+
+
 def init_distributed(device: str | torch.device = "auto") -> DistContext:
-    """Join the process group torchrun set up (NCCL on CUDA, gloo on CPU), or run single-process."""
-    launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-    rank = int(os.environ.get("RANK", "0")) if launched else 0
-    world_size = int(os.environ.get("WORLD_SIZE", "1")) if launched else 1
-    local_rank = int(os.environ.get("LOCAL_RANK", rank)) if launched else 0
+    """Join the process group torchrun (or srun, `launch_environment`) set up (NCCL on CUDA, gloo
+    on CPU), or run single-process."""
+    launch = launch_environment(os.environ)
+    launched = launch.launcher is not None
+    rank, world_size, local_rank = launch.rank, launch.world_size, launch.local_rank
+    if launch.launcher == "slurm" and world_size > 1:
+        _slurm_rendezvous(os.environ)
     dev = _process_device(device, local_rank, launched)
     if world_size == 1:
         return DistContext(device=dev)

@@ -1,7 +1,7 @@
 """The work directory of a run: one run at a time, no silent overwrite, no stale temp files.
 
 - `claim_work_dir` takes an exclusive lock (`WORK_DIR/.lock`, an `fcntl.flock` held for the whole
-  run, with the owner's PID written in it). The kernel drops a flock when its process dies, so the
+  run, with the owner's PID and host written in it). The kernel drops a flock when its process dies, so the
   lock of a killed run (kill -9, a power cut) is stale by construction and is taken over with a
   message naming the dead PID; a live owner makes the second run fail at once with its PID.
 - A fresh start (no `--resume`) in a directory that already holds this project's checkpoints is
@@ -68,9 +68,9 @@ def claim_work_dir(work_dir: str | Path, resume: str | None, overwrite: bool = F
     try:
         previous = _read_owner(fd)
         if previous:  # the file names an owner, but the kernel released its lock: that process is gone
-            say(f"{work_dir}: taking over the lock of a run that is gone ({previous})")
+            say(takeover_message(work_dir, previous))
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        os.pwrite(fd, owner_line().encode(), 0)
         check_fresh_start(work_dir, resume, overwrite)
         removed = remove_temp_files(work_dir)
         if removed:
@@ -81,6 +81,23 @@ def claim_work_dir(work_dir: str | Path, resume: str | None, overwrite: bool = F
         with contextlib.suppress(OSError):
             os.ftruncate(fd, 0)  # a clean end leaves no owner behind
         os.close(fd)  # releases the flock
+
+
+def owner_line(pid: int | None = None, host: str | None = None) -> str:
+    """What the lock file says of its holder: the PID alone means nothing on another machine."""
+    return f"pid {os.getpid() if pid is None else pid} on {socket.gethostname() if host is None else host}\n"
+
+
+def takeover_message(work_dir, previous: str) -> str:
+    """The line said when a lock is taken over. On this host a released flock means the process is
+    gone; a holder on another host may be alive on a shared file system that does not carry locks
+    between machines (some NFS and Lustre mounts), which only its owner can check."""
+    host = previous.rsplit(" on ", 1)[1].strip() if " on " in previous else None
+    if host is None or host == socket.gethostname():
+        return f"{work_dir}: taking over the lock of a run that is gone ({previous})"
+    return (f"{work_dir}: taking over the lock of a run on another machine ({previous}): its lock is released, "
+            f"so it has ended, unless this file system does not share locks between machines; then make sure "
+            f"nothing runs there on this directory")
 
 
 def check_fresh_start(work_dir: str | Path, resume: str | None, overwrite: bool) -> None:

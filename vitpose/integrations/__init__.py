@@ -1,0 +1,1 @@
+"""Other engines driving vitpose: `vitpose.integrations.ray` (Ray Data; extra `.[ray]`)."""
