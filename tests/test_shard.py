@@ -377,3 +377,30 @@ def test_resume_cuts_off_a_unit_without_its_end_line(tmp_path):
     merged = merge_shards(tmp_path)
     assert merged.missing == [] and merged.torn == 0
     assert [r["frame"] for r in merged.records] == [0, 2] and merged.records[1]["keypoints"] == [3.0, 4.0, 0.5]
+
+
+def test_a_link_planted_at_a_shard_files_name_never_redirects_a_write(tmp_path, weights, capsys):
+    # Issue 28's N2 for shard files: `<json dir>/shard-K-of-N.jsonl` and its old `.partial` name are
+    # guessable; a link planted at either (a shared folder) must not make the run write through it.
+    write_images(tmp_path / "photos", NAMES[:4])
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    victims = [tmp_path / "precious0.txt", tmp_path / "precious1.txt"]
+    for victim in victims:
+        victim.write_text("PRECIOUS")
+    # shard 0: a dangling-looking name that is a link to a victim (no file of the run exists yet)
+    (shards / "shard-0-of-2.jsonl").symlink_to(victims[0])
+    # shard 1: a finished file exists, and a link waits at the partial name of the old scheme
+    base = [tmp_path / "photos", "--model", weights, *COMMON]
+    code, _, err = predict([*base, "--shard", "1/2", "--json", shards], capsys)
+    assert code == 0, err
+    (shards / "shard-1-of-2.jsonl.partial").symlink_to(victims[1])
+    for k in (0, 1):
+        code, _, err = predict([*base, "--shard", f"{k}/2", "--json", shards], capsys)
+        assert code == 0, err
+    assert [v.read_text() for v in victims] == ["PRECIOUS", "PRECIOUS"]
+    for k in (0, 1):
+        path = shards / f"shard-{k}-of-2.jsonl"
+        assert path.is_file() and not path.is_symlink()
+    code, printed, err = merge(shards, tmp_path / "merged.jsonl", capsys)
+    assert code == 0 and "4 of 4 units complete" in printed, (printed, err)

@@ -46,8 +46,8 @@ from vitpose.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_STATUSES, UserE
 from vitpose.inference import export
 
 # The subcommands, in the order `vitpose --help` lists them.
-COMMANDS = (train, evaluate, predict, export, tune, check_data, build_crop_cache, plot, import_annotations, serve,
-            select, audit, merge)
+COMMANDS = (train, evaluate, predict, export, tune, check_data, build_crop_cache, plot, import_annotations, merge,
+            serve, select, audit)
 
 SHARED = ("--config", "--set", "--device", "--debug")
 CONFIG_HELP = ("run config: a YAML file or the name of a shipped config (e.g. vitpose-s_coco_256x192, demo; "

@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from vitpose.errors import UserError
-from vitpose.files import write_atomic
+from vitpose.files import create_exclusive, fsync_dir, write_atomic
 
 __all__ = ["MANIFEST_NAME", "Merged", "ShardFile", "WorkUnit", "join_tracks", "merge_shards", "parse_shard",
            "read_manifest", "read_shard_file", "segment_units", "shard_file_path", "shard_from_environment",
@@ -245,6 +245,9 @@ def read_manifest(directory: Path) -> list[dict]:
 # Shard files
 
 
+PARTIAL_SUFFIX = ".partial"  # as `vitpose predict --json`'s partial files (vitpose.inference.pipeline)
+
+
 class ShardFile:
     """This shard's file: records unit by unit, each unit ended by its end line (one flushed write
     per unit, or per frame of a video segment).
@@ -252,7 +255,7 @@ class ShardFile:
     `resume=True` continues an existing file: what follows its last end line (a unit cut off by a
     kill) is truncated and done again; `done` holds the ids of the units it holds. Without
     `resume` an existing file is replaced only when the run completes (until then the records go
-    to `<name>.partial`), as `--json` is. `units` maps a name (an image's file_name) to its unit
+    to a new `.<name>.XXXXXXXX.partial` beside it, created exclusively), as `--json` is. `units` maps a name (an image's file_name) to its unit
     for `write_item`; `image_id`s are the manifest's.
     """
 
@@ -265,17 +268,25 @@ class ShardFile:
         self._open_unit: str | None = None
         self._open_records = 0
         header = json.dumps({HEADER_KEY: f"{shard}/{shards}"}) + "\n"
-        if resume and self.path.exists() and self.path.stat().st_size:
+        # Opened without following links, created exclusively: a link planted at the shard file's
+        # name, or at a guessable partial name beside it, never redirects a write (issue 28, N2).
+        if resume and self.path.is_file() and not self.path.is_symlink() and self.path.stat().st_size:
             self._truncate_to_complete_units()
             self.target = self.path
-            self.file = open(self.target, "a", encoding="utf-8")
+            self.file = os.fdopen(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW), "a", encoding="utf-8")
         else:  # (an empty file resumed: killed before its header was written)
-            replace = self.path.exists() and not resume
-            self.target = self.path.with_name(self.path.name + ".partial") if replace else self.path
-            self.target.parent.mkdir(parents=True, exist_ok=True)
-            self.file = open(self.target, "w", encoding="utf-8")
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if os.path.lexists(self.path) and not (resume and self.path.is_file() and not self.path.is_symlink()):
+                fd, self.target = create_exclusive(self.path, PARTIAL_SUFFIX)  # replaced on completion
+            else:
+                self.target = self.path
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | (
+                    0 if resume else os.O_EXCL), 0o666)
+            self.file = os.fdopen(fd, "w", encoding="utf-8")
             self.file.write(header)
             self.file.flush()
+
+    stream = None  # a shard file is always a regular file (no device or pipe: it is renamed and resumed)
 
     @property
     def done(self) -> set[str]:
@@ -288,8 +299,11 @@ class ShardFile:
         if contents.shard != (self.shard, self.shards):
             raise ShardError(f"{self.path} holds shard {contents.shard[0]}/{contents.shard[1]}, not "
                              f"{self.shard}/{self.shards}")
-        with open(self.path, "r+b") as f:
-            f.truncate(contents.complete_bytes)
+        fd = os.open(self.path, os.O_WRONLY | os.O_NOFOLLOW)
+        try:
+            os.ftruncate(fd, contents.complete_bytes)
+        finally:
+            os.close(fd)
         self.done_units = set(contents.units)
 
     def begin(self, unit: WorkUnit) -> None:
@@ -335,6 +349,7 @@ class ShardFile:
         self.file.close()
         if completed and self.target != self.path:
             os.replace(self.target, self.path)
+            fsync_dir(self.path.parent)
             return self.path
         return self.target
 
