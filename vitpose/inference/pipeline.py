@@ -363,6 +363,20 @@ def _record_row(record: dict, where: str) -> list[float]:
     return [float(v) for v in bbox[:4]] + [float(score)]
 
 
+
+def video_boxes(path):
+    """A video's `--boxes` file -> (BoxTable, the key of its records: "frame", else "image_id" as the
+    0-based frame index), or (None, None) without one: the one rule of `vitpose.inference.video` and
+    of `--segment`'s runs (`vitpose.inference.sharded`), so a segment reads the boxes the unsplit run does."""
+    if not path:
+        return None, None
+    table = read_boxes_file(path)
+    for key in ("frame", "image_id"):
+        if table.keyed_by(key) or not table.by_key:
+            return table, key
+    raise UserError(f"--boxes: {path}: a video's boxes are keyed by 'frame' (the 0-based frame index); "
+                    f"its records have only 'file_name'")
+
 def read_boxes_file(path, flag: str = "--boxes") -> BoxTable:
     """A COCO detection results JSON (a list, or JSON Lines) -> `BoxTable` of its person boxes.
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from vitpose.errors import UserError
 from vitpose.files import opencv_path
-from vitpose.inference.pipeline import coco_records, image_ids, read_boxes_file
+from vitpose.inference.pipeline import coco_records, image_ids, video_boxes
 from vitpose.inference.units import (
     ShardError,
     ShardFile,
@@ -186,18 +186,6 @@ def _frames_of(unit: WorkUnit, max_failures: int = 25):
         capture.release()
 
 
-def _segment_boxes(args):
-    """`--boxes` of a video: keyed by "frame", else "image_id" as the frame index (as the unsplit run reads them)."""
-    if not getattr(args, "boxes", None):
-        return None, None
-    table = read_boxes_file(args.boxes)
-    for key in ("frame", "image_id"):
-        if table.keyed_by(key) or not table.by_key:
-            return table, key
-    raise UserError(f"--boxes: {args.boxes}: a video's boxes are keyed by 'frame' (the 0-based frame index); "
-                    f"its records have only 'file_name'")
-
-
 def _predict_chunk(predictor, chunk: list, boxes, failed: list[str]) -> list:
     """The predictor on (index, frame) pairs, in one call as the unsplit run batches them; when it
     fails, frame by frame, so that one bad frame costs one frame. -> [Poses | None]."""
@@ -222,7 +210,7 @@ def predict_segments(predictor, plan: ShardPlan, args, stop: threading.Event | N
     from vitpose.inference.tracking import Tracker
 
     results = plan.results_file()
-    boxes = _segment_boxes(args)
+    boxes = video_boxes(getattr(args, "boxes", None))
     batch = max(1, int(getattr(args, "batch_images", 8) or 8))
     todo = [u for u in plan.mine if u.id not in results.done_units]
     failed: list[str] = []

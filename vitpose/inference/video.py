@@ -49,7 +49,7 @@ import numpy as np
 from vitpose.errors import UserError
 from vitpose.files import as_path, create_private, free_space, opencv_path, rename_into_place
 from vitpose.inference.draw import draw_people
-from vitpose.inference.pipeline import VIDEO_SUFFIXES, ResultsFile, coco_records, read_boxes_file
+from vitpose.inference.pipeline import VIDEO_SUFFIXES, ResultsFile, coco_records, video_boxes
 from vitpose.inference.results import Poses
 from vitpose.inference.tracking import DetectionSchedule, KeypointSmoother, Tracker
 
@@ -481,18 +481,6 @@ def _nobody(frame: Frame) -> Poses:
                  np.zeros((0, 0), np.float32), frame=frame.index)
 
 
-def _frame_boxes(args):
-    """`args.boxes` -> (BoxTable, the key of its records: "frame", else "image_id" as the frame index)."""
-    if not getattr(args, "boxes", None):
-        return None, None
-    table = read_boxes_file(args.boxes)
-    for key in ("frame", "image_id"):
-        if table.keyed_by(key) or not table.by_key:
-            return table, key
-    raise VideoError(f"--boxes: {args.boxes}: a video's boxes are keyed by 'frame' (the 0-based frame index); "
-                     f"its records have only 'file_name'")
-
-
 def _predict_frames(predictor, frames: list[Frame], boxes, failed: list[str],
                     schedule: DetectionSchedule | None = None) -> list[tuple[Frame, Poses | None]]:
     """The predictor on a batch of frames; when it fails, frame by frame, so that one bad frame
@@ -599,7 +587,7 @@ def run_video(predictor, source, args, stop: threading.Event | None = None) -> V
     started = time.perf_counter()
     webcam = isinstance(source, int)
     pipeline, batch_frames = _schedule(args, predictor, webcam)
-    boxes = _frame_boxes(args)
+    boxes = video_boxes(getattr(args, "boxes", None))
     if getattr(args, "resume", False) and getattr(args, "out", None):
         raise UserError("--resume with --out: a drawn video cannot be continued; leave out --out")
     reader = FrameReader(source, stop=stop)

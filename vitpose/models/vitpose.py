@@ -85,6 +85,19 @@ def build_model(name, decoder="classic", num_keypoints=17, **kwargs):
     return ViTPose(backbone, head)
 
 
+def _flip_batch(model, x, flip_indices, caller):
+    """model(x) and model(mirrored x) as one batch of 2N, with the flip order checked against K."""
+    flip_indices = list(FLIP_INDICES if flip_indices is None else flip_indices)
+    n = x.shape[0]
+    both = model(torch.cat([x, x.flip(-1)]))
+    if len(flip_indices) != both.shape[1]:
+        raise ValueError(f"{caller}: the model predicts {both.shape[1]} heatmaps but {len(flip_indices)} flip "
+                         "indices were given (None means COCO's 17): pass the skeleton's, e.g. "
+                         "vitpose.data.dataset_info(name).flip_indices")
+    # Slices, not `chunk(2)`: torch.export proves `chunk` of 2N rows specialises N.
+    return both[:n], both[n:], flip_indices
+
+
 def flip_test(model, x, flip_indices=None, shift=False):
     """Average of model(x) and the heatmaps of the mirrored crop flipped back.
 
@@ -94,15 +107,8 @@ def flip_test(model, x, flip_indices=None, shift=False):
     shift). The average is `vitpose.codecs.flip_average`, the one definition the ONNX runtime
     and exported graphs use too; this function is itself what `vitpose export --flip-test` bakes in.
     """
-    flip_indices = list(FLIP_INDICES if flip_indices is None else flip_indices)
-    n = x.shape[0]
-    both = model(torch.cat([x, x.flip(-1)]))
-    if len(flip_indices) != both.shape[1]:
-        raise ValueError(f"flip_test: the model predicts {both.shape[1]} heatmaps but {len(flip_indices)} flip "
-                         "indices were given (None means COCO's 17): pass the skeleton's, e.g. "
-                         "vitpose.data.dataset_info(name).flip_indices")
-    # Slices, not `chunk(2)`: torch.export proves `chunk` of 2N rows specialises N.
-    return flip_average(both[:n], both[n:], flip_indices, shift)
+    plain, mirrored, flip_indices = _flip_batch(model, x, flip_indices, "flip_test")
+    return flip_average(plain, mirrored, flip_indices, shift)
 
 
 def flip_views(model, x, flip_indices=None, shift=False):
@@ -113,14 +119,7 @@ def flip_views(model, x, flip_indices=None, shift=False):
     `vitpose.codecs.flip_heatmaps` (the flip test's own step). Where plain and flipped_back
     disagree the model is unsure of left and right (`vitpose select` ranks frames by it).
     """
-    flip_indices = list(FLIP_INDICES if flip_indices is None else flip_indices)
-    n = x.shape[0]
-    both = model(torch.cat([x, x.flip(-1)]))
-    if len(flip_indices) != both.shape[1]:
-        raise ValueError(f"flip_views: the model predicts {both.shape[1]} heatmaps but {len(flip_indices)} flip "
-                         "indices were given (None means COCO's 17): pass the skeleton's, e.g. "
-                         "vitpose.data.dataset_info(name).flip_indices")
-    plain, mirrored = both[:n], both[n:]
+    plain, mirrored, flip_indices = _flip_batch(model, x, flip_indices, "flip_views")
     return flip_average(plain, mirrored, flip_indices, shift), plain, flip_heatmaps(mirrored, flip_indices, shift)
 
 
