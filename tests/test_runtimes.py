@@ -41,6 +41,7 @@ def test_cuda_on_a_cpu_only_onnxruntime_names_the_gpu_package(tiny_onnx, monkeyp
         "CPUExecutionProvider"]
 
 
+@pytest.mark.filterwarnings("ignore:Specified provider .CUDAExecutionProvider. is not in available provider names")  # the fallback this test makes
 def test_a_session_that_fell_back_to_the_cpu_is_refused(tiny_onnx, monkeypatch):
     """onnxruntime builds the session on the CPU alone (a warning only) when the accelerator does not
     start: the build claims CUDA here, the real session cannot have it."""
