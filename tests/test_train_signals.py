@@ -139,7 +139,8 @@ def _group_is_gone(pgid, timeout=30):
     return False
 
 
-def test_sigterm_to_the_process_group_with_loader_workers_saves_at_the_signal(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_sigterm_to_the_process_group_with_loader_workers_saves_at_the_signal(tmp_path, signum):
     # What `timeout`, `kill -- -PGID`, systemd's stop and Slurm send: the signal reaches the
     # loader workers too. Only the main process may act on it (finish the step, save, shut the
     # workers down); a worker that dies of it breaks the step in flight (a traceback, status 1
@@ -151,7 +152,7 @@ def test_sigterm_to_the_process_group_with_loader_workers_saves_at_the_signal(tm
                             stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         wait_for_training_steps(tmp_path, proc, steps=4)
-        os.killpg(proc.pid, signal.SIGTERM)
+        os.killpg(proc.pid, signum)  # SIGINT to the group: what Ctrl-C in a terminal sends
         code = proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
@@ -160,7 +161,8 @@ def test_sigterm_to_the_process_group_with_loader_workers_saves_at_the_signal(tm
     out = (tmp_path / "console.txt").read_text()
     assert code == 0, out[-3000:]
     assert "Traceback" not in out and "killed by signal" not in out, out[-3000:]
-    assert out.count("SIGTERM received") == 1 and "stopped by SIGTERM" in out, out[-3000:]
+    name = signal.Signals(signum).name
+    assert out.count(f"{name} received") == 1 and f"stopped by {name}" in out, out[-3000:]
     # The saved iteration is the one the run stopped at (log_every=1: one record per step), not
     # the previous epoch end's.
     state = load_checkpoint(tmp_path / "last.pth")
