@@ -19,10 +19,11 @@ import json
 import sys
 from pathlib import Path
 
+from vitpose.errors import EXIT_FAILED, EXIT_OK
 from vitpose.files import check_output, write_atomic
 from vitpose.inference.units import as_coco_results, merge_shards, records_text
 
-EXIT_OK, EXIT_MISSING = 0, 1
+EXIT_MISSING = EXIT_FAILED  # a unit of the manifest is missing: nothing written
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

@@ -25,13 +25,14 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from vitpose.errors import UserError
+from vitpose.errors import EXIT_FAILED, EXIT_INTERRUPTED, UserError
 from vitpose.files import opencv_path
 from vitpose.inference.pipeline import coco_records, image_ids, video_boxes
 from vitpose.inference.units import (
     ShardError,
     ShardFile,
     WorkUnit,
+    finish_shard_run,
     image_units,
     parse_shard,
     segment_units,
@@ -44,7 +45,6 @@ from vitpose.inference.units import (
 
 __all__ = ["ShardPlan", "check_shard_flags", "plan_images", "plan_segments", "predict_segments", "shard_setting", "spawn_shards"]
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def check_shard_flags(args, stream: str | None) -> None:
@@ -247,19 +247,8 @@ def predict_segments(predictor, plan: ShardPlan, args, stop: threading.Event | N
             results.end()
     finally:
         where = results.close(completed=not interrupted)
-    skipped = len(plan.mine) - len(todo)
-    print(f"{frames} frames, {people} people in {len(todo)} segments"
-          + (f" ({skipped} already in {where}, skipped)" if skipped else ""))
-    print(f"written: {where}")
-    if interrupted:
-        print(f"vitpose predict: interrupted; run again with --resume to finish {where}", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    if failed:
-        print(f"vitpose predict: {len(failed)} frames failed:", file=sys.stderr)
-        for why in failed[:20]:
-            print(f"  {why}", file=sys.stderr)
-        return EXIT_FAILED
-    return EXIT_OK
+    return finish_shard_run(f"{frames} frames, {people} people in {len(todo)} segments", where,
+                            len(plan.mine) - len(todo), interrupted, failed, "frames")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -34,12 +34,12 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
 
 from vitpose.errors import UserError
+from vitpose.inference.units import finish_shard_run
 
 __all__ = ["PosePredictor", "actor_resources", "predict_with_ray"]
 
@@ -233,16 +233,5 @@ def predict_with_ray(args, plan, boxes) -> int:
         interrupted = True
     finally:
         where = results.close(completed=not interrupted)
-    skipped = len(plan.mine) - len(items)
-    print(f"{done} images, {people} people (ray, {workers} workers)"
-          + (f" ({skipped} already in {where}, skipped)" if skipped else ""))
-    print(f"written: {where}")
-    if interrupted:
-        print(f"vitpose predict: interrupted; run again with --resume to finish {where}", file=sys.stderr)
-        return 130
-    if failed:
-        print(f"vitpose predict: {len(failed)} images failed:", file=sys.stderr)
-        for why in failed[:20]:
-            print(f"  {why}", file=sys.stderr)
-        return 1
-    return 0
+    return finish_shard_run(f"{done} images, {people} people (ray, {workers} workers)", where,
+                            len(plan.mine) - len(items), interrupted, failed, "images")
