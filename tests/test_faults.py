@@ -131,7 +131,7 @@ def kill_then_resume(data_root: Path, work_dir: Path, faults: list[dict], extra:
         proc = run_train(run_args(data_root, work_dir, *extra, *resume), fault)
         assert f"FAULT {fault['event']}" in proc.stderr, f"fault {fault} never fired\n{describe(proc)}"
         graceful = fault.get("signal") == "SIGTERM"
-        assert proc.returncode == (0 if graceful else -signal.SIGKILL), describe(proc)
+        assert proc.returncode == (128 + signal.SIGTERM if graceful else -signal.SIGKILL), describe(proc)
         if fault["event"] == "during_step" and graceful:  # stopped after the step it came in, not later
             assert load_checkpoint(work_dir / "last.pth")["iteration"] == fault["steps"], describe(proc)
         if fault["event"] in ("save_write", "before_rename"):  # the interrupted write left its temp file
@@ -175,7 +175,7 @@ def step_fault(steps: int) -> dict:
 
 
 def sigterm_in_step(steps: int) -> dict:
-    """SIGTERM while step `steps` computes: the run finishes that step, saves and exits 0."""
+    """SIGTERM while step `steps` computes: the run finishes that step, saves and exits 143."""
     return {"event": "during_step", "steps": steps, "signal": "SIGTERM"}
 
 

@@ -402,9 +402,26 @@ def test_ctrl_c_to_the_process_group_saves_and_exits_cleanly(data_root, tmp_path
     os.killpg(proc.pid, signal.SIGINT)
     rest, _ = proc.communicate(timeout=120)
     text = "".join(lines) + rest
-    assert proc.returncode == 0, text[-3000:]
+    assert proc.returncode == 130, text[-3000:]  # saved, then 128 + SIGINT
     assert "stopped by SIGINT" in text and "Traceback" not in text
     # Only the main process acts on it: one announcement, not one per worker process.
     assert text.count("SIGINT received") == 1, text[-3000:]
     saved = load_checkpoint(tmp_path / "last.pth")
     assert saved["iteration"] >= 2
+
+
+def test_a_resume_with_another_world_size_says_it_is_not_exact(data_root, tmp_path, capsys):
+    """Checkpoints record the processes that wrote them; a mid-epoch resume with another world size
+    says which samples it cannot place, and an epoch-boundary resume (exact with any) says nothing."""
+    assert train.main(tiny_args(data_root, tmp_path, "--set", "train.stop_at_iteration=1")) == 0
+    saved = load_checkpoint(tmp_path / "last.pth")
+    assert saved["world_size"] == 1 and saved["batch"] == 1  # one process, stopped inside epoch 0
+    capsys.readouterr()
+    assert train.main(tiny_args(data_root, tmp_path, "--resume", "auto", "--set", "train.stop_at_iteration=2")) == 0
+    assert "saved by" not in capsys.readouterr().out  # the same world size: exact, no note
+    saved = load_checkpoint(tmp_path / "last.pth")
+    saved["world_size"] = 4  # as if four ranks had written it
+    torch.save(saved, tmp_path / "last.pth")
+    train.main(tiny_args(data_root, tmp_path, "--resume", "auto", "--set", "train.stop_at_iteration=3"))
+    out = capsys.readouterr().out
+    assert "saved by 4 process(es), this run has 1" in out and "an exact resume needs 4 processes" in out, out

@@ -15,6 +15,7 @@ EXIT_USAGE = 2  # a UserError (or argparse's refusal of the command line): nothi
 EXIT_DIVERGED = 3  # vitpose train: stopped on non-finite losses (train.max_nonfinite)
 EXIT_INTERNAL = 70  # a bug in vitpose: the traceback is printed (sysexits.h's EX_SOFTWARE)
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, what a shell reports)
+EXIT_TERMINATED = 143  # vitpose train stopped by SIGTERM (128 + SIGTERM: timeout, kill, SLURM, Kubernetes)
 
 EXIT_STATUSES = (
     (EXIT_OK, "done"),
@@ -25,8 +26,18 @@ EXIT_STATUSES = (
     (EXIT_DIVERGED, "train: stopped on non-finite losses (last.pth holds the last finite weights)"),
     (EXIT_INTERNAL, "internal error: a bug in vitpose (or a system failure the traceback names); the traceback "
                     "is printed; please report a bug"),
-    (EXIT_INTERRUPTED, "interrupted (Ctrl-C / SIGINT)"),
+    (EXIT_INTERRUPTED, "interrupted (Ctrl-C / SIGINT; predict, select and audit also on SIGTERM): what finished "
+                       "is kept, --resume continues"),
+    (EXIT_TERMINATED, "train: stopped by SIGTERM (timeout, kill, a scheduler); last.pth holds the interrupted "
+                      "iteration, --resume auto continues"),
 )
+
+
+def signal_exit_status(signal_name: str | None) -> int:
+    """The status of a run that a signal stopped after saving its work: 128 + the signal's number, as a
+    shell reports a process the signal killed, so a launcher (a job script, torchrun, SLURM) sees that
+    the run did not finish. SIGINT gives 130; SIGTERM, or a signal that reached another rank only, 143."""
+    return EXIT_INTERRUPTED if signal_name == "SIGINT" else EXIT_TERMINATED
 
 
 class UserError(Exception):

@@ -35,7 +35,7 @@ from vitpose.engine import distributed as D
 from vitpose.engine import runtime, session, trainer
 from vitpose.engine.trainer import EpochEnd
 from vitpose.engine.workdir import check_fresh_start
-from vitpose.errors import EXIT_DIVERGED, EXIT_OK, EXIT_USAGE
+from vitpose.errors import EXIT_DIVERGED, EXIT_OK, EXIT_USAGE, signal_exit_status
 
 DEFAULT_CONFIG = "vitpose-s_coco_256x192"  # shipped configs, found by name (vitpose.config.find_config)
 DEMO_CONFIG = "demo"
@@ -137,7 +137,7 @@ def train(cfg: Config, config_path, resume: str | None, stop: runtime.StopFlag, 
                 if D.any_rank([stop.requested], job.ctx)[0] and state.epoch < cfg.schedule.epochs:
                     telemetry.message(f"stopped by {stop.signal_name or 'a signal on another rank'} after epoch "
                                       f"{state.epoch}; saved {last}. Continue with --resume auto.")
-                    return EXIT_OK
+                    return signal_exit_status(stop.signal_name)
             if state.epoch >= cfg.schedule.epochs:
                 break
             session.begin_epoch(job)  # the backbone frozen or not (train.freeze_backbone_epochs)
@@ -155,10 +155,13 @@ def train(cfg: Config, config_path, resume: str | None, stop: runtime.StopFlag, 
                 D.sync_buffers(job.train_run.model, job.ctx)  # BN statistics agree across ranks before anything is saved
             session.save(job, "last.pth")  # the resume point, before validation can take long or fail
             if end is EpochEnd.STOPPED:
-                reason = stop.signal_name or ("train.stop_at_iteration" if not stop.requested else "a signal")
+                # A signal (here or on another rank: every rank asks, so all agree) exits 128 + its number,
+                # so that a launcher sees an unfinished run; the configured train.stop_at_iteration exits 0.
+                signalled = D.any_rank([stop.requested], job.ctx)[0]
+                reason = stop.signal_name or ("a signal on another rank" if signalled else "train.stop_at_iteration")
                 telemetry.message(f"stopped by {reason} at epoch {state.epoch}, batch {state.batch}, iteration "
                                   f"{state.iteration}; saved {last}. Continue with --resume auto.")
-                return EXIT_OK
+                return signal_exit_status(stop.signal_name) if signalled else EXIT_OK
         telemetry.message(f"done: {state.iteration} iterations; best AP {state.best_ap} at epoch {state.best_epoch}; "
                           f"checkpoints in {job.work_dir}")
         return EXIT_OK

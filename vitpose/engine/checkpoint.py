@@ -16,6 +16,7 @@ objects), so `torch.load(path, weights_only=True)` reads it:
     vitpose.model_spec  the model's ModelSpec as plain data (vitpose.models.spec: architecture,
                  codec, skeleton), so `vitpose.load_model(path)` needs no config
     best_ap      best validation AP so far (or None), best_epoch
+    world_size   the processes that trained it (a mid-epoch position is exact only with the same)
 
 Writes go through `vitpose.files.atomic_file`: a temporary file in the same directory, fsynced, renamed over the
 target and the directory is fsynced: a crash or a full disk leaves the previous file intact (a

@@ -215,6 +215,7 @@ def save(session: Session, name: str) -> Path | None:
     run = session.train_run
     payload = checkpoint_payload(run.model, run.optimizer, run.schedule, run.precision, run.state,
                                  session.cfg.to_dict())
+    payload["world_size"] = session.ctx.world_size  # resume says when another world size makes it inexact
     return checkpoint.save_checkpoint(payload, session.work_dir / name)
 
 
@@ -307,6 +308,11 @@ def resume_from(found: tuple[Path, dict], cfg: Config, model, optimizer, precisi
         state.batch = converted
         if converted == batches_per_epoch:  # the converted position is the epoch's end
             state.epoch, state.batch, state.epoch_end_pending = state.epoch + 1, 0, True
+    old_world = saved.get("world_size")  # absent in checkpoints from before it was recorded
+    if state.batch and old_world and old_world != ctx.world_size and ctx.is_main:
+        print(f"resume: the checkpoint was saved by {old_world} process(es), this run has {ctx.world_size}: "
+              f"epoch {state.epoch} continues at batch {state.batch} with this run's sampler, so some of its "
+              f"samples are seen twice or not at all (an exact resume needs {old_world} processes)")
     if ctx.is_main:
         print(f"resumed from {path}: epoch {state.epoch}, batch {state.batch}, iteration {state.iteration}")
     return state

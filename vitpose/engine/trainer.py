@@ -56,7 +56,7 @@ class EpochEnd(enum.Enum):
     """How `train_one_epoch` returned."""
 
     COMPLETED = "completed"  # every batch of the epoch was trained
-    STOPPED = "stopped"  # a signal or train.stop_at_iteration: the caller saves and exits 0
+    STOPPED = "stopped"  # a signal or train.stop_at_iteration: the caller saves; exits 128 + the signal, or 0
     DIVERGED = "diverged"  # train.max_nonfinite non-finite losses in a row
 
 
