@@ -1,12 +1,14 @@
 """Images/s of `vitpose predict` in 1 process, `--nproc-per-node N` and `--engine ray --workers N` (issue 29).
 
-    python benchmarks/bench_shard.py --images 96 --procs 2 [--model vitpose-s] [--skip-ray]
+    python benchmarks/bench_shard.py --images 96 --procs 2 --rounds 3 [--model vitpose-s] [--skip-ray]
 
 A folder of random 320x240 images, random ViTPose weights of `--model` size saved with
 `vitpose.save_weights` (the speed does not depend on the values), full-frame boxes, fp32, flip test:
 each configuration is run as a fresh command (`python -m vitpose predict ...`), timed from start to
 exit (so the model load and, for Ray, the cluster start are included: what a user waits for), and
-its merged records are checked to equal the single process's. Prints one table row per
+its merged records are checked to equal the single process's. The configurations alternate in
+`--rounds` rounds (the order reversed every other round, benchmarks/rounds.py), and each one's speed-up
+is its time over the single process's in the same round, median [min-max]. Prints one table row per
 configuration and the load average before and after (the machine may be shared).
 """
 
@@ -25,6 +27,8 @@ import cv2
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import rounds  # noqa: E402  (benchmarks/rounds.py)
 
 
 def run(command: list[str], env: dict) -> float:
@@ -47,6 +51,7 @@ def main() -> None:
     p.add_argument("--procs", type=int, default=2)
     p.add_argument("--model", default="vitpose-s")
     p.add_argument("--skip-ray", action="store_true")
+    p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
 
     import vitpose
@@ -63,26 +68,39 @@ def main() -> None:
     common = [sys.executable, "-m", "vitpose", "predict", str(work / "images"), "--model", str(work / "model.safetensors"),
               "--detector", "full-frame", "--device", "cpu", "--precision", "fp32"]
     print(f"load average before: {os.getloadavg()}; {os.cpu_count()} CPUs; {args.images} images; {args.model}")
-    rows = []
-    seconds = run([*common, "--json", str(work / "one.jsonl")], dict(env, OMP_NUM_THREADS=str(threads)))
-    rows.append(("1 process", seconds))
-    reference = keypoints(work / "one.jsonl")
-    runs = [(f"--nproc-per-node {args.procs}", ["--nproc-per-node", str(args.procs), "--json", str(work / "procs")],
-             work / "procs")]
+    configurations = {"1 process": ([], dict(env, OMP_NUM_THREADS=str(threads))),
+                      f"--nproc-per-node {args.procs}": (["--nproc-per-node", str(args.procs)], env)}
     if not args.skip_ray:
-        runs.append((f"--engine ray --workers {args.procs}",
-                     ["--engine", "ray", "--workers", str(args.procs), "--json", str(work / "ray")], work / "ray"))
-    for name, extra, folder in runs:
-        seconds = run([*common, *extra], env)
-        run([sys.executable, "-m", "vitpose", "merge", str(folder), "--json", str(folder / "merged.out")], env)
-        merged = keypoints(folder / "merged.out")
-        assert merged.shape == reference.shape, (name, merged.shape, reference.shape)
-        rows.append((name, seconds, float(np.abs(merged - reference).max())))
-    print("| run | seconds | images/s | max keypoint difference to 1 process (px) |")
-    print("|---|---|---|---|")
-    for row in rows:
-        diff = f"{row[2]:.2g}" if len(row) > 2 else "-"
-        print(f"| {row[0]} | {row[1]:.1f} | {args.images / row[1]:.2f} | {diff} |")
+        configurations[f"--engine ray --workers {args.procs}"] = (["--engine", "ray", "--workers", str(args.procs)], env)
+    calls, differences, reference = [0], {name: 0.0 for name in configurations}, []
+
+    def contestant(name: str):
+        extra, run_env = configurations[name]
+
+        def call() -> float:
+            calls[0] += 1
+            out = work / f"run{calls[0]}"  # a fresh output each call: nothing is resumed
+            if name == "1 process":
+                seconds = run([*common, *extra, "--json", str(out.with_suffix(".jsonl"))], run_env)
+                found = keypoints(out.with_suffix(".jsonl"))
+            else:
+                seconds = run([*common, *extra, "--json", str(out)], run_env)
+                run([sys.executable, "-m", "vitpose", "merge", str(out), "--json", str(out / "merged.out")], env)
+                found = keypoints(out / "merged.out")
+            if not reference:
+                reference.append(found)
+            assert found.shape == reference[0].shape, (name, found.shape, reference[0].shape)
+            differences[name] = max(differences[name], float(np.abs(found - reference[0]).max()))
+            return seconds
+        return call
+
+    seconds = rounds.alternate({name: contestant(name) for name in configurations}, args.rounds, report=print)
+    print("| run | seconds per run | images/s | speed-up over 1 process per round | max keypoint difference (px) |")
+    print("|---|---|---|---|---|")
+    for name in configurations:
+        speedups = [1.0 / r for r in rounds.ratios(seconds, name, "1 process")]
+        print(f"| {name} | {rounds.spread(seconds[name])} | {rounds.spread([args.images / t for t in seconds[name]])} | "
+              f"{rounds.spread(speedups) if name != '1 process' else '1'} | {differences[name]:.2g} |")
     print(f"load average after: {os.getloadavg()}")
 
 
