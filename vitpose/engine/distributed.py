@@ -103,6 +103,24 @@ def _slurm_rendezvous(environ) -> None:
         environ["MASTER_PORT"] = str(29500 + int(environ.get("SLURM_JOB_ID", "0") or 0) % 1000)
 
 
+def _restart_store(world_size: int):
+    """The rendezvous store for a process that torchrun restarted, or None (then env:// as usual).
+
+    torchrun's static rendezvous (`--master-port`, no `--rdzv-backend`) keeps one TCPStore, hosted by
+    its agent, for every restart (torch 2.14: `StaticTCPRendezvous` creates it once) and the workers'
+    env:// store has no per-attempt prefix, so a restarted group reads the addresses the previous
+    attempt's processes published and gloo connects to dead ports: "Connection refused" until it gives
+    up, or a hang (seen here under `--max-restarts`). The keys of each attempt get their own prefix."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    from torch.distributed.constants import default_pg_timeout
+
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False,
+                          timeout=default_pg_timeout)
+    return dist.PrefixStore(f"vitpose/attempt_{attempt}", store)
+
+
 def init_distributed(device: str | torch.device = "auto") -> DistContext:
     """Join the process group torchrun (or srun, `launch_environment`) set up (NCCL on CUDA, gloo
     on CPU), or run single-process."""
@@ -119,6 +137,9 @@ def init_distributed(device: str | torch.device = "auto") -> DistContext:
         # device_id binds the process group to this GPU, so barriers and object collectives
         # need not guess which device to use.
         kwargs = {"device_id": dev} if backend == "nccl" else {}
+        store = _restart_store(world_size) if launch.launcher == "torchrun" else None
+        if store is not None:
+            kwargs["store"] = store
         dist.init_process_group(backend=backend, rank=rank, world_size=world_size, **kwargs)
     return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=dev,
                        is_main=rank == 0, backend=dist.get_backend())
