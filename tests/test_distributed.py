@@ -226,3 +226,30 @@ def test_unwrap_strips_compile_wrapper():
     model = torch.nn.Linear(2, 2)
     compiled = torch.compile(model)  # wrapping is lazy: nothing compiles until the first call
     assert compiled is not model and unwrap(compiled) is model
+
+
+def test_a_restarted_torchrun_attempt_keeps_its_rendezvous_keys_apart(monkeypatch):
+    """Under torchrun's agent store (one store for every restart), each attempt writes under its own
+    prefix: attempt 1 cannot read what attempt 0's processes published (their dead addresses)."""
+    from datetime import timedelta
+
+    from vitpose.engine.distributed import _restart_store
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    agent = torch.distributed.TCPStore("127.0.0.1", port, 1, is_master=True, timeout=timedelta(seconds=10))
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    assert _restart_store(2) is None  # not the agent's store: env:// as usual
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    first = _restart_store(2)
+    first.set("rank_1_address", "127.0.0.1:13699")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    second = _restart_store(2)
+    assert second.check(["rank_1_address"]) is False  # the dead attempt's key is not visible
+    second.set("rank_1_address", "127.0.0.1:31129")
+    assert agent.get("vitpose/attempt_0/rank_1_address") == b"127.0.0.1:13699"
+    assert agent.get("vitpose/attempt_1/rank_1_address") == b"127.0.0.1:31129"
