@@ -139,6 +139,23 @@ def _group_is_gone(pgid, timeout=30):
     return False
 
 
+def run_then_signal(command, work_dir, tmp_path, stop, steps, timeout=300):
+    """Start `command` in its own process group, call stop(proc) once `steps` steps are logged, wait:
+    (proc, exit status, console output). Nothing of the run outlives the call."""
+    log = open(tmp_path / "console.txt", "w")
+    proc = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        wait_for_training_steps(work_dir, proc, steps=steps, timeout=timeout)
+        stop(proc)
+        code = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+    return proc, code, (tmp_path / "console.txt").read_text()
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_sigterm_to_the_process_group_with_loader_workers_saves_at_the_signal(tmp_path, signum):
     # What `timeout`, `kill -- -PGID`, systemd's stop and Slurm send: the signal reaches the
@@ -147,18 +164,8 @@ def test_sigterm_to_the_process_group_with_loader_workers_saves_at_the_signal(tm
     # and last.pth left at the previous epoch end).
     command = tiny_command(tmp_path)
     command[command.index("--workers") + 1] = "1"
-    log = open(tmp_path / "console.txt", "w")
-    proc = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
-    try:
-        wait_for_training_steps(tmp_path, proc, steps=4)
-        os.killpg(proc.pid, signum)  # SIGINT to the group: what Ctrl-C in a terminal sends
-        code = proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
-    out = (tmp_path / "console.txt").read_text()
+    # SIGINT to the group: what Ctrl-C in a terminal sends
+    proc, code, out = run_then_signal(command, tmp_path, tmp_path, lambda proc: os.killpg(proc.pid, signum), steps=4)
     assert code == 128 + signum, out[-3000:]  # 143 for SIGTERM, 130 for SIGINT, as a shell reports them
     assert "Traceback" not in out and "killed by signal" not in out, out[-3000:]
     name = signal.Signals(signum).name
@@ -186,23 +193,16 @@ def test_the_demo_stopped_by_its_launcher_saves_the_iteration_and_resumes_from_i
     demo = [sys.executable, "-m", "vitpose", "train", "--demo", "--data-root", str(demo_data), "--work-dir", str(work),
             "--set", "train.log_every=1"]  # one metrics record per step: the step count is known
     command = ["timeout", "-s", "TERM", "3600", *demo] if launcher.startswith("timeout") else demo
-    log = open(tmp_path / "console.txt", "w")
-    proc = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
-    try:
-        wait_for_training_steps(work, proc, steps=3, timeout=600)
+
+    def stop(proc):
         if launcher.startswith("timeout"):
             # SIGALRM is how timeout's own timer fires: its expiry, now. It then sends SIGTERM to the
             # command and to its whole process group, the loader worker included.
             proc.send_signal(signal.SIGALRM)
         else:
             os.killpg(proc.pid, signal.SIGTERM if launcher.startswith("kill") else signal.SIGINT)
-        code = proc.wait(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
-    out = (tmp_path / "console.txt").read_text()
+
+    proc, code, out = run_then_signal(command, work, tmp_path, stop, steps=3, timeout=600)
     name = "SIGINT" if launcher.startswith("Ctrl-C") else "SIGTERM"
     # timeout reports its expiry as 124 (whatever the command's status); the others see the run's 128 + signal.
     assert code == (124 if launcher.startswith("timeout") else 128 + signal.Signals[name]), out[-3000:]
