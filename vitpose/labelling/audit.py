@@ -22,8 +22,7 @@ Checks, each a score in [0, 1] with its reason:
 - **visibility**: the flags are unlikely given what the model sees, learnt from the file itself
   (confident learning): a small logistic classifier of hidden (v=1) against visible (v=2) on
   each labelled keypoint's `visibility_features` (its score against its type and its person, how
-  far the label and the flip views are from the prediction, hidden neighbours in the label) and
-  its type, fitted on the other people of the file (`VISIBILITY_FOLDS` folds: a person's own
+  far the label and the flip views are from the prediction) and its type, fitted on the other people of the file (`VISIBILITY_FOLDS` folds: a person's own
   flags never judge them). A person's flags then have a surprise sum(-log P(flag)); its excess over
   what the classifier expects, in units of its spread (`flag_surprise`: z), is the check, 0 up to
   z = `VISIBILITY_Z`, 1 from z + `VISIBILITY_Z_SPAN`. A file with fewer than `VISIBILITY_MIN_LABELS`
@@ -106,10 +105,9 @@ def calibrate(labels: list[LabelledImage], lines: dict) -> Calibration:
 # Visibility, learnt from the file: which flags the model's view of each keypoint makes unlikely
 
 VISIBILITY_FEATURES = ("score", "score over its type's median", "score over the person's median",
-                       "label-prediction distance", "flip views apart", "flip views' score gap", "hidden neighbours")
+                       "label-prediction distance", "flip views apart", "flip views' score gap")
 VISIBILITY_FOLDS = 5  # out-of-fold: a person's flags never teach the classifier that judges them
 VISIBILITY_MIN_LABELS = 20  # of each flag (v=1 and v=2) before the file can teach anything
-NEIGHBOURHOOD = 0.15  # hidden neighbours: a Gaussian of this many box sizes around the keypoint
 
 
 def visibility_features(label: np.ndarray, bbox, predicted, scores, views_apart, plain_scores, mirrored_scores,
@@ -118,28 +116,22 @@ def visibility_features(label: np.ndarray, bbox, predicted, scores, views_apart,
     the one prediction pass: the heatmap score (as is, over its type's median and over the person's
     own median: a small or blurred person scores low everywhere), how far the label is from the
     prediction and the flip test's two views from each other in units of the type's median error
-    (a model guesses where it cannot see), the gap between the two views' scores, and the share of
-    the label's other keypoints near it (in box units) that are labelled hidden (an occluder hides
-    a region, not a random point). Label-independent but for the distance and the neighbours."""
-    v = np.asarray(label[:, 2])
+    (a model guesses where it cannot see), and the gap between the two views' scores. Nothing of
+    the label's other flags: a prior such as "hidden points come in groups" would find randomly
+    flipped flags by how they were planted (BENCHMARKS.md measures it: no better)."""
     scores = np.clip(np.asarray(scores, np.float64), 1e-3, 1 - 1e-3)
     plain = np.asarray(scores if plain_scores is None else plain_scores, np.float64)
     mirrored = np.asarray(scores if mirrored_scores is None else mirrored_scores, np.float64)
     r = _errors(label, bbox, predicted)
-    size = math.sqrt(max(float(bbox[2]) * float(bbox[3]), 1.0))
-    xy = np.asarray(label[:, :2], np.float64) / size
-    near = np.exp(-(np.hypot(*(xy[:, None] - xy[None]).transpose(2, 0, 1)) / NEIGHBOURHOOD) ** 2 / 2)
-    near *= (v > 0)[None] & ~np.eye(len(v), dtype=bool)
-    hidden_near = (near * (v == 1)[None]).sum(1) / np.maximum(near.sum(1), 1e-6)
     return np.stack([np.log(scores / (1 - scores)), np.log(scores / calibration.score),
                      np.log(scores / np.median(scores)), np.log(r / calibration.error + 0.1),
                      np.log(np.asarray(views_apart, np.float64) / calibration.error + 0.1),
-                     np.abs(plain - mirrored), hidden_near], 1)
+                     np.abs(plain - mirrored)], 1)
 
 
 def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float = 1.0, steps: int = 50) -> np.ndarray:
     """L2-regularised logistic regression by Newton's method on standardised features: returns
-    the weights (F + 3,): F, bias, and the features' mean and scale are folded in (`logistic`)."""
+    (F + 1,) weights on the raw features and the bias (the standardisation folded in; `logistic`)."""
     mean, scale = x.mean(0), x.std(0) + 1e-9
     z = np.hstack([(x - mean) / scale, np.ones((len(x), 1))])
     w = np.zeros(z.shape[1])
