@@ -159,6 +159,86 @@ def test_visibility_flags_against_the_scores_and_a_short_box():
     assert checks["box"] > 0 and any("box misses" in r for r in reasons)
 
 
+def test_the_logistic_fit_recovers_known_weights():
+    from vitpose.labelling.audit import fit_logistic, logistic
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(4000, 3))
+    truth = np.array([1.5, -2.0, 0.0])
+    y = (rng.random(4000) < 1 / (1 + np.exp(-(x @ truth - 1.0)))).astype(float)
+    weights = fit_logistic(x * [3, 0.5, 10] + [5, -2, 0], y, l2=1e-6)  # scaled and shifted: the fit standardises
+    np.testing.assert_allclose(weights[:3] * [3, 0.5, 10], truth, atol=0.15)
+    p = logistic(weights, x * [3, 0.5, 10] + [5, -2, 0])
+    assert abs(p.mean() - y.mean()) < 0.01
+
+
+def test_flags_the_classifier_expects_are_no_surprise_and_flipped_ones_are():
+    from vitpose.labelling.audit import flag_surprise
+
+    rng = np.random.default_rng(5)
+    p_hidden = np.concatenate([np.full(12, 0.03), np.full(5, 0.8)])
+    honest = [flag_surprise(np.where(rng.random(17) < p_hidden, 1, 2), p_hidden)[0] for _ in range(300)]
+    assert abs(np.mean(honest)) < 0.2 and 0.7 < np.std(honest) < 1.3  # z: mean 0, spread 1 under the model
+    v = np.where(p_hidden > 0.5, 1, 2)
+    v[[0, 3, 7, 10]] = 1  # four points that look visible labelled hidden
+    z, surprise = flag_surprise(v, p_hidden)
+    assert z > 4 and set(np.argsort(-surprise)[:4]) == {0, 3, 7, 10}
+    v[16] = 0  # not labelled: no part in it
+    assert flag_surprise(v, p_hidden)[1][16] == 0
+
+
+def _stand_in_predictions(labels, seed=0):
+    """Audit progress lines as a model would give them, made from the clean labels: the model
+    replaced by the ground truth plus noise, near the trained demo's statistics (AP 0.78 on its
+    validation set: median score 0.70 for v=2 and 0.58 for v=1 with wide overlap, median distance
+    from the label 0.03 and 0.07 of the box's size, flip views 0.02 and 0.03 apart). A test of the
+    checks, not of a model: the same ranking with the fixed visibility rule misses the flips."""
+    rng = np.random.default_rng(seed)
+    lines = {}
+    for image in labels:
+        line = {key: [] for key in ("predicted", "scores", "views_apart", "plain_scores", "mirrored_scores")}
+        for label, box in zip(image.keypoints, image.boxes):
+            size = np.sqrt(box[2] * box[3])
+            v = label[:, 2]
+            spread = np.select([v == 2, v == 1], [0.02, 0.06], 0.2) * size
+            centre = np.array([box[0] + box[2] / 2, box[1] + box[3] / 2])
+            predicted = np.where(v[:, None] > 0, label[:, :2], centre) + rng.normal(0, 1, (len(v), 2)) * spread[:, None]
+            scores = np.clip(rng.normal(np.select([v == 2, v == 1], [0.71, 0.56], 0.2), 0.15), 0.01, 0.99)
+            views_gap = np.select([v == 2, v == 1], [0.02, 0.06], 0.1)
+            line["predicted"].append(predicted.tolist())
+            line["scores"].append(scores.tolist())
+            line["views_apart"].append((np.abs(rng.normal(0, 1, len(v))) * spread / size).tolist())
+            line["plain_scores"].append(np.clip(scores + rng.normal(0, 1, len(v)) * views_gap, 0, 1).tolist())
+            line["mirrored_scores"].append(np.clip(scores + rng.normal(0, 1, len(v)) * views_gap, 0, 1).tolist())
+        lines[image.file_name] = line
+    return lines
+
+
+def test_the_checks_find_planted_errors_against_a_stand_in_model(tmp_path):
+    """The ranking logic on the benchmark's corruption (benchmarks/labelling_loop.py: 5 % of the
+    people, swaps, shifts, four visibility flags flipped), the model replaced by the ground truth
+    plus noise (`_stand_in_predictions`): a test of the checks, fast enough for every run. The
+    model's part is `test_audit_finds_planted_errors_with_a_trained_model` (slow)."""
+    from benchmarks.labelling_loop import corrupt_coco, random_recall, top_k_recall
+    from vitpose.labelling.audit import ranked, read_labels
+
+    root = tmp_path / "set"
+    make_coco(root, num_images=80, seed=11, split="val")
+    clean = root / "annotations/person_keypoints_val2017.json"
+    lines = _stand_in_predictions(read_labels(clean, 17))
+    corrupted = tmp_path / "corrupted.json"
+    planted = corrupt_coco(clean, corrupted, COCO.flip_indices, fraction=0.05, seed=0)
+    rows = ranked(read_labels(corrupted, 17), lines, COCO)
+    ranking = [row["annotation_id"] for row in rows]
+    k = len(planted)
+    found = [planted[i] for i in ranking[:k] if i in planted]
+    assert top_k_recall(ranking, planted) >= 0.8, (found, planted)
+    assert set(found) == {"swap", "shift", "visibility"}
+    assert top_k_recall(ranking, planted) >= 5 * random_recall(ranking, planted)
+    flips = [row for row in rows[:k] if planted.get(row["annotation_id"]) == "visibility"]
+    assert all(any("labelled not visible" in r or "labelled visible" in r for r in row["reasons"]) for row in flips)
+
+
 # ---------------------------------------------------------------------------------------------
 # select's choice
 
@@ -302,9 +382,11 @@ def trained_demo(tmp_path_factory):
 
 @pytest.mark.slow
 def test_audit_finds_planted_errors_with_a_trained_model(tmp_path, trained_demo, capsys):
-    """5 % of the validation people corrupted (benchmarks/labelling_loop.py): the swaps and the
-    shifted keypoints are in audit's top k (k = the number corrupted), far above a random ranking.
-    The visibility flips are not required: the demo's scores do not tell hidden from visible."""
+    """5 % of the validation people corrupted (benchmarks/labelling_loop.py, seed 0): all three
+    kinds, visibility flips included, are in audit's top k (k = the number corrupted), far above a
+    random ranking. The bounds are what held on every one of 10 corruption seeds with this model
+    (BENCHMARKS.md: top-k recall 0.5-0.8, top-2k 0.8-1.0); the issue's 80 % in the top k is not
+    required, as it held on 3 of the 10 (seed 0 among them: 0.8)."""
     from benchmarks.labelling_loop import corrupt_coco, random_recall, top_k_recall
 
     model, root = trained_demo
@@ -315,11 +397,14 @@ def test_audit_finds_planted_errors_with_a_trained_model(tmp_path, trained_demo,
                  "--out", str(report), "--device", "cpu"]) == 0
     ranking = [row["annotation_id"] for row in json.loads(report.read_text())["ranking"]]
     k = len(planted)
-    found = {i: planted[i] for i in ranking[:k] if i in planted}
-    geometric = [i for i, kind in planted.items() if kind in ("swap", "shift")]
-    print(f"top-{k} recall {top_k_recall(ranking, planted):.2f}, random {random_recall(ranking, planted):.2f}")
-    assert sum(i in found for i in geometric) >= 0.8 * len(geometric), (found, planted)
-    assert top_k_recall(ranking, planted) >= 5 * random_recall(ranking, planted)
+    found = [planted[i] for i in ranking[:k] if i in planted]
+    in_2k = [planted[i] for i in ranking[:2 * k] if i in planted]
+    print(f"top-{k} recall {top_k_recall(ranking, planted):.2f} ({found}), top-{2 * k} {len(in_2k) / k:.2f}, "
+          f"random {random_recall(ranking, planted):.2f}")
+    assert top_k_recall(ranking, planted) >= 0.5, (found, planted)
+    assert found.count("visibility") >= 1 and found.count("swap") >= 3, found
+    assert len(in_2k) >= 0.8 * k, in_2k
+    assert top_k_recall(ranking, planted) >= 8 * random_recall(ranking, planted)
 
 
 @pytest.mark.slow

@@ -6,7 +6,8 @@
 Ranks the labelled people of a COCO keypoint file by how likely their label is wrong, against the
 model's prediction in the label's own box: left/right swaps (the skeleton's flip pairs), keypoints
 far from a confident prediction (against the box size and the keypoint's sigma), visibility flags
-the model disagrees with, boxes that miss their keypoints; each with its reason
+unlikely under what the model sees (a classifier learnt from the file itself), boxes that miss
+their keypoints; each with its reason
 (vitpose/labelling/audit.py, docs/labelling.md). --out FILE.json writes the whole ranking,
 --out FILE.html a page with the label and the prediction drawn on each flagged person's crop
 (both may be given); --tasks writes the flagged people as Label Studio (.json) or CVAT (.xml)

@@ -19,10 +19,15 @@ Checks, each a score in [0, 1] with its reason:
 - **far**: a keypoint far from a trusted prediction: trust x (1 - exp(-max(r / m - 1, 0)^2 / 8))
   (0 within the type's median error, ~0.4 at 3x, ~0.9 at 5x); the instance takes the mean of its
   three worst keypoints (one keypoint far off is as often the model's own slip as the label's).
-- **visibility**: the flag disagrees with the model: labelled "not visible" (v=1) where the model
-  is clearly sure (score at or above its type's 90th percentile of visible points), or "visible"
-  (v=2) where it barely finds it (below the type's 5th percentile); the fraction of such keypoints.
-  Only as good as the model's scores tell visible from hidden (docs/labelling.md: the demo's do not).
+- **visibility**: the flags are unlikely given what the model sees, learnt from the file itself
+  (confident learning): a small logistic classifier of hidden (v=1) against visible (v=2) on
+  each labelled keypoint's `visibility_features` (its score against its type and its person, how
+  far the label and the flip views are from the prediction) and its type, fitted on the other people of the file (`VISIBILITY_FOLDS` folds: a person's own
+  flags never judge them). A person's flags then have a surprise sum(-log P(flag)); its excess over
+  what the classifier expects, in units of its spread (`flag_surprise`: z), is the check, 0 up to
+  z = `VISIBILITY_Z`, 1 from z + `VISIBILITY_Z_SPAN`. A file with fewer than `VISIBILITY_MIN_LABELS`
+  keypoints of either flag cannot teach it: then the fixed rule, v=1 where the score is at or above
+  its type's 90th percentile of visible points, v=2 below the 5th.
 - **box**: the box does not cover the labelled keypoints: the largest distance of a labelled
   keypoint outside the box, over the box's size (x4, at most 1).
 
@@ -46,6 +51,7 @@ __all__ = ["Calibration", "LabelledImage", "audit_instance", "audit_annotations"
 
 SWAP_MARGIN = 0.1  # the similarity gain of the exchanged label that starts to count as a swap
 FAR_WORST = 3  # the far check is the mean of this many worst keypoints (one is often the model's own slip)
+VISIBILITY_Z, VISIBILITY_Z_SPAN = 2.0, 4.0  # the visibility check: 0 up to z = 2, 1 from z = 6 (`flag_surprise`)
 
 
 @dataclass(frozen=True)
@@ -95,10 +101,112 @@ def calibrate(labels: list[LabelledImage], lines: dict) -> Calibration:
     return Calibration(*filled)
 
 
+# ---------------------------------------------------------------------------------------------
+# Visibility, learnt from the file: which flags the model's view of each keypoint makes unlikely
+
+VISIBILITY_FEATURES = ("score", "score over its type's median", "score over the person's median",
+                       "label-prediction distance", "flip views apart", "flip views' score gap")
+VISIBILITY_FOLDS = 5  # out-of-fold: a person's flags never teach the classifier that judges them
+VISIBILITY_MIN_LABELS = 20  # of each flag (v=1 and v=2) before the file can teach anything
+
+
+def visibility_features(label: np.ndarray, bbox, predicted, scores, views_apart, plain_scores, mirrored_scores,
+                        calibration: Calibration) -> np.ndarray:
+    """(K, F) numbers that tell a hidden keypoint from a visible one (`VISIBILITY_FEATURES`), from
+    the one prediction pass: the heatmap score (as is, over its type's median and over the person's
+    own median: a small or blurred person scores low everywhere), how far the label is from the
+    prediction and the flip test's two views from each other in units of the type's median error
+    (a model guesses where it cannot see), and the gap between the two views' scores. Nothing of
+    the label's other flags: a prior such as "hidden points come in groups" would find randomly
+    flipped flags by how they were planted (BENCHMARKS.md measures it: no better)."""
+    scores = np.clip(np.asarray(scores, np.float64), 1e-3, 1 - 1e-3)
+    plain = np.asarray(scores if plain_scores is None else plain_scores, np.float64)
+    mirrored = np.asarray(scores if mirrored_scores is None else mirrored_scores, np.float64)
+    r = _errors(label, bbox, predicted)
+    return np.stack([np.log(scores / (1 - scores)), np.log(scores / calibration.score),
+                     np.log(scores / np.median(scores)), np.log(r / calibration.error + 0.1),
+                     np.log(np.asarray(views_apart, np.float64) / calibration.error + 0.1),
+                     np.abs(plain - mirrored)], 1)
+
+
+def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float = 1.0, steps: int = 50) -> np.ndarray:
+    """L2-regularised logistic regression by Newton's method on standardised features: returns
+    (F + 1,) weights on the raw features and the bias (the standardisation folded in; `logistic`)."""
+    mean, scale = x.mean(0), x.std(0) + 1e-9
+    z = np.hstack([(x - mean) / scale, np.ones((len(x), 1))])
+    w = np.zeros(z.shape[1])
+    ridge = np.full(z.shape[1], l2)
+    ridge[-1] = 0.0
+    for _ in range(steps):
+        p = 1.0 / (1.0 + np.exp(-z @ w))
+        gradient = z.T @ (p - y) + ridge * w
+        hessian = (z * (p * (1 - p))[:, None]).T @ z + np.diag(ridge + 1e-9)
+        step = np.linalg.solve(hessian, gradient)
+        w -= step
+        if np.abs(step).max() < 1e-7:
+            break
+    return np.concatenate([w[:-1] / scale, [w[-1] - (w[:-1] * mean / scale).sum()]])
+
+
+def logistic(weights: np.ndarray, x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-(x @ weights[:-1] + weights[-1])))
+
+
+def hidden_probabilities(labels: list[LabelledImage], lines: dict, calibration: Calibration) -> dict | None:
+    """{(file_name, person index): P(hidden) (K,)} for every labelled keypoint of the file, out of
+    fold: a small classifier of v=1 against v=2 (`fit_logistic` on `visibility_features` and the
+    keypoint's type) fitted on the other folds' people; the file teaches what hidden looks like to
+    this model (confident learning). None when the file labels fewer than `VISIBILITY_MIN_LABELS`
+    keypoints of either flag."""
+    keys, features, flags = [], [], []
+    for image in labels:
+        line = lines[image.file_name]
+        for m in range(len(image.annotation_ids)):
+            label = image.keypoints[m]
+            f = visibility_features(label, image.boxes[m], line["predicted"][m], line["scores"][m],
+                                    line["views_apart"][m], (line.get("plain_scores") or [None] * (m + 1))[m],
+                                    (line.get("mirrored_scores") or [None] * (m + 1))[m], calibration)
+            keys.append((image.file_name, m))
+            features.append(f)
+            flags.append(np.asarray(label[:, 2]))
+    if not keys:
+        return None
+    k = len(flags[0])
+    x = np.concatenate([np.hstack([f, np.eye(k)]) for f in features])
+    v = np.concatenate(flags)
+    person = np.repeat(np.arange(len(keys)), k)
+    labelled = v > 0
+    if min((v == 1).sum(), (v == 2).sum()) < VISIBILITY_MIN_LABELS:
+        return None
+    fold = person % VISIBILITY_FOLDS
+    p = np.full(len(v), np.nan)
+    for f in range(VISIBILITY_FOLDS):
+        train, test = labelled & (fold != f), labelled & (fold == f)
+        if test.any():
+            p[test] = logistic(fit_logistic(x[train], (v[train] == 1).astype(np.float64)), x[test])
+    p = np.clip(p, 1e-4, 1 - 1e-4).reshape(len(keys), k)
+    return {key: p[i] for i, key in enumerate(keys)}
+
+
+def flag_surprise(v: np.ndarray, p_hidden: np.ndarray) -> tuple[float, np.ndarray]:
+    """How unlikely the labelled flags are under P(hidden): (z, each keypoint's surprise -log P(flag)).
+    z = sum(surprise - its expectation) / sqrt(sum of its variances) over the labelled keypoints:
+    near 0 for a person labelled as the classifier expects whatever their number of hidden points,
+    large when several flags are each unlikely."""
+    labelled = v > 0
+    q = np.clip(np.where(labelled, p_hidden, 0.5), 1e-6, 1 - 1e-6)
+    surprise = np.where(labelled, -np.log(np.where(v == 1, q, 1 - q)), 0.0)
+    entropy = -(q * np.log(q) + (1 - q) * np.log(1 - q))
+    variance = q * (1 - q) * np.log(q / (1 - q)) ** 2
+    excess = float(((surprise - entropy) * labelled).sum())
+    return excess / math.sqrt(max(float((variance * labelled).sum()), 1e-6)), surprise
+
+
 def audit_instance(label: np.ndarray, bbox, predicted, scores, views_apart, skeleton,
-                   calibration: Calibration) -> tuple[dict, list, list]:
+                   calibration: Calibration, p_hidden=None) -> tuple[dict, list, list]:
     """The checks of one label (K, 3) (x, y, v) with box [x, y, w, h] against the prediction (K, 2),
-    its scores (K,) and views_apart (K,): (checks, reasons, keypoints that raised one)."""
+    its scores (K,) and views_apart (K,), and each keypoint's P(hidden) (K,) learnt from the file
+    (`hidden_probabilities`; None: the fixed score rule): (checks, reasons, keypoints that raised one)."""
     names = skeleton.keypoint_names
     flip = np.asarray(skeleton.flip_indices)
     v = np.asarray(label[:, 2])
@@ -134,16 +242,28 @@ def audit_instance(label: np.ndarray, bbox, predicted, scores, views_apart, skel
             reasons.append(f"{names[k]} is {r[k]:.0%} of the box from the prediction, {r[k] / typical[k]:.1f}x the "
                            f"usual error of a {names[k]} (score {scores[k]:.2f})")
 
-    # visibility: the flag against what the model sees
-    hidden_but_clear = (v == 1) & (scores >= calibration.clear)
-    visible_but_faint = (v == 2) & (scores < calibration.faint)
-    odd = hidden_but_clear | visible_but_faint
-    checks["visibility"] = float(min(1.0, odd.sum() / max(labelled.sum(), 1)))
-    for k in np.flatnonzero(odd):
-        what = "labelled not visible, the model sees it clearly" if hidden_but_clear[k] else \
-            "labelled visible, the model barely finds it"
-        flagged.append((names[k], "visibility", round(float(scores[k]), 3)))
-        reasons.append(f"{names[k]}: {what} (score {scores[k]:.2f})")
+    # visibility: the flags against what the model sees
+    if p_hidden is not None:
+        p_hidden = np.asarray(p_hidden, np.float64)
+        z, surprise = flag_surprise(v, p_hidden)
+        checks["visibility"] = float(np.clip((z - VISIBILITY_Z) / VISIBILITY_Z_SPAN, 0, 1))
+        if checks["visibility"] > 0:
+            for k in np.argsort(-surprise)[:4]:
+                if surprise[k] < -math.log(0.2):  # a flag with P >= 0.2 is no reason
+                    break
+                what = "labelled not visible, looks visible" if v[k] == 1 else "labelled visible, looks hidden"
+                flagged.append((names[k], "visibility", round(float(surprise[k]), 3)))
+                reasons.append(f"{names[k]}: {what} (P(hidden) {p_hidden[k]:.2f}, score {scores[k]:.2f})")
+    else:
+        hidden_but_clear = (v == 1) & (scores >= calibration.clear)
+        visible_but_faint = (v == 2) & (scores < calibration.faint)
+        odd = hidden_but_clear | visible_but_faint
+        checks["visibility"] = float(min(1.0, odd.sum() / max(labelled.sum(), 1)))
+        for k in np.flatnonzero(odd):
+            what = "labelled not visible, the model sees it clearly" if hidden_but_clear[k] else \
+                "labelled visible, the model barely finds it"
+            flagged.append((names[k], "visibility", round(float(scores[k]), 3)))
+            reasons.append(f"{names[k]}: {what} (score {scores[k]:.2f})")
 
     # box: labelled keypoints outside the box
     checks["box"] = 0.0
@@ -240,7 +360,9 @@ def predict_image(predictor, image_rgb: np.ndarray, labelled: LabelledImage) -> 
     size = np.sqrt(np.maximum(labelled.boxes[:, 2] * labelled.boxes[:, 3], 1.0))[:, None]
     apart = np.hypot(*np.moveaxis(views.plain - views.mirrored, -1, 0)) / size
     return {"predicted": np.round(views.poses.keypoints, 2).tolist(),
-            "scores": np.round(views.poses.keypoint_scores, 4).tolist(), "views_apart": np.round(apart, 4).tolist()}
+            "scores": np.round(views.poses.keypoint_scores, 4).tolist(), "views_apart": np.round(apart, 4).tolist(),
+            "plain_scores": np.round(views.plain_scores, 4).tolist(),
+            "mirrored_scores": np.round(views.mirrored_scores, 4).tolist()}
 
 
 def audit_annotations(predictor, labels: list[LabelledImage], images_dir: Path, progress: Path, *,
@@ -274,19 +396,20 @@ def audit_annotations(predictor, labels: list[LabelledImage], images_dir: Path, 
 
 def ranked(labels: list[LabelledImage], lines: dict, skeleton) -> list[dict]:
     """Every audited person (`audit_instance`, calibrated on the whole file), most suspicious
-    first (ties: file order): rows of annotation_id, image, suspicion, checks, reasons, keypoints."""
+    first (ties: the larger sum of checks, then file order): rows of annotation_id, image, suspicion, checks, reasons, keypoints."""
     calibration = calibrate(labels, lines)
+    hidden = hidden_probabilities(labels, lines, calibration)
     rows = []
     for image in labels:
         line = lines[image.file_name]
         for m, annotation_id in enumerate(image.annotation_ids):
             checks, reasons, flagged = audit_instance(image.keypoints[m], image.boxes[m], line["predicted"][m],
                                                       line["scores"][m], line["views_apart"][m], skeleton,
-                                                      calibration)
+                                                      calibration, None if hidden is None else hidden[image.file_name, m])
             rows.append({"annotation_id": annotation_id, "image": image.file_name,
                          "suspicion": round(suspicion(checks), 4), "checks": checks, "reasons": reasons,
                          "keypoints": flagged})
-    return sorted(rows, key=lambda row: -row["suspicion"])
+    return sorted(rows, key=lambda row: (-row["suspicion"], -sum(row["checks"].values())))
 
 
 def review_records(flagged: list[dict], labels: list[LabelledImage], lines: dict, names) -> list[dict]:
