@@ -931,8 +931,10 @@ def _run_int8(args, out: Path, fmt: str) -> int:
     from vitpose.inference.quantize import Int8GateError
 
     if fmt != "onnx":
-        raise ExportUsageError(f"--precision int8 writes an ONNX file (ONNX Runtime's quantization); --format {fmt} "
-                         f"has no int8 path here")
+        # OpenVINO runs a static QDQ file in int8 (`onnx_to_openvino`), but on an AVX2 CPU it ran slower
+        # than OpenVINO fp32 and ONNX Runtime int8 (BENCHMARKS.md, issue 31): no OpenVINO int8 export.
+        raise ExportUsageError(f"--precision int8 writes an ONNX file (ONNX Runtime's quantization, the faster int8 "
+                               f"runtime measured); --format {fmt} has no int8 path here")
     gate_data = args.gate_data
     if gate_data is None and args.config is not None:
         from vitpose.config import load_config
