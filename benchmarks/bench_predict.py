@@ -84,7 +84,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from rounds import alternate, load_note, ratios, spread, warm_up
+from rounds import alternate, cpu_note, load_note, ratios, spread, warm_up
 from safetensors.torch import save_file
 
 from vitpose.config import ModelConfig, load_config
@@ -511,7 +511,8 @@ class Peers:
 
 
 RUNTIME_LABELS = {"ort-fp32": "ONNX Runtime fp32", "ort-int8-static": "ONNX Runtime int8 static (QDQ)",
-                  "ort-int8-dynamic": "ONNX Runtime int8 dynamic", "openvino-fp32": "OpenVINO fp32 (f32 hint)"}
+                  "ort-int8-dynamic": "ONNX Runtime int8 dynamic", "openvino-fp32": "OpenVINO fp32 (f32 hint)",
+                  "openvino-int8": "OpenVINO int8 (the static QDQ file as an IR)"}
 
 
 def runtime_predictors(model, codec, folder, flip, args):
@@ -539,6 +540,9 @@ def runtime_predictors(model, codec, folder, flip, args):
     try:
         E.to_openvino(model, folder / "runtime.xml", codec=codec, log=None)
         found["openvino-fp32"] = OpenVinoPredictor(folder / "runtime.xml", flip_test=flip, threads=args.threads,
+                                                   batch_size=batch)
+        E.onnx_to_openvino(folder / "runtime.int8.static.onnx", folder / "runtime.int8.xml", fp32)
+        found["openvino-int8"] = OpenVinoPredictor(folder / "runtime.int8.xml", flip_test=flip, threads=args.threads,
                                                    batch_size=batch)
     except ImportError as e:
         print(f"note: no OpenVINO row ({e})")
@@ -713,6 +717,7 @@ def main():
     print(f"{model_label}, flip test {'on' if flip else 'off'}, {frames} {source} images, {people} "
           f"boxes, {args.device}, {args.threads} torch threads, warm-up until steady then {args.repeats} alternating "
           f"rounds, torch {torch.__version__}, OpenCV {cv2.__version__}; {allocator_note}; {load_note()}")
+    print(cpu_note())
 
     if args.config is not None:
         trained = Predictor.from_config(args.config, args.weights, device=args.device, flip_test=flip,

@@ -64,3 +64,33 @@ def load_note() -> str:
     except OSError:
         return "load average unknown"
     return f"load average {one:.1f} (5 min {five:.1f}) on {os.cpu_count()} CPUs"
+
+
+VECTOR_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
+
+
+def cpu_note() -> str:
+    """The CPU's model name and the vector instructions /proc/cpuinfo lists (what int8 and bf16
+    kernels of every runtime choose from: ONNX Runtime and OpenVINO read cpuid, not torch's
+    variables), torch's ATen capability and any instruction-set caps set in the environment."""
+    name, flags = "unknown CPU", set()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name") and name == "unknown CPU":
+                name = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    listed = [f for f in VECTOR_FLAGS if f in flags]
+    caps = {k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+            if k in os.environ}
+    try:
+        import torch
+
+        aten = torch.backends.cpu.get_cpu_capability()
+    except Exception:  # noqa: BLE001 - a note, never a failure
+        aten = "unknown"
+    return (f"CPU: {name}; cpuinfo vector flags: {' '.join(listed) or 'none of ' + ', '.join(VECTOR_FLAGS)}; "
+            f"ATen capability {aten}" + (f"; caps set: {caps}" if caps else ""))

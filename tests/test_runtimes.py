@@ -192,6 +192,64 @@ def test_a_bad_calibration_set_fails_the_gate_and_writes_nothing(peaked, tmp_pat
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
+def _head_ranges_from(good, bad) -> int:
+    """Overwrite, in the static QDQ file `good`, the activations' ranges (scale, zero point) of the
+    head's outputs (the tensors its deconvolutions and final conv write) with those of `bad`; the
+    backbone's calibrated ranges stay. Returns how many tensors were changed."""
+    import onnx
+    from onnx import numpy_helper
+
+    good_model, bad_model = onnx.load(str(good)), onnx.load(str(bad))
+    bad_values = {t.name: t for t in bad_model.graph.initializer}
+    head_outputs = {out for node in good_model.graph.node
+                    if any(".head." in name or name.startswith("head.") for name in node.input) and
+                    node.op_type in ("Conv", "ConvTranspose")
+                    for out in node.output}
+    names = {name for node in good_model.graph.node if node.op_type == "QuantizeLinear" and node.input[0] in head_outputs
+             for name in node.input[1:]}
+    for tensor in good_model.graph.initializer:
+        if tensor.name in names:
+            tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(bad_values[tensor.name]), tensor.name))
+    onnx.save(good_model, str(good))
+    return len(names) // 2
+
+
+def test_the_gate_fails_when_the_head_is_left_uncalibrated(peaked, tmp_path, monkeypatch):
+    """Quantization made worse in the head alone (issue 31: "calibration skipped on the head"): the
+    backbone calibrated on people, the head's activation ranges those of blank crops (what it sees
+    with no calibration of its own). The gate stops the file; the same export without the fault passes."""
+    from vitpose.coco_meta import FLIP_INDICES
+    from vitpose.data.pixels import normalize_images
+    from vitpose.inference import quantize as Q
+    from vitpose.inference.export import to_int8_onnx
+    from vitpose.inference.quantize import Int8GateError
+
+    model, codec, root, calibration, _ = peaked
+    spec = E._model_spec(model, codec)
+    quantize = Q.quantize_onnx
+    changed = []
+
+    def head_uncalibrated(fp32_path, out_path, quantization="static", calibration=None):
+        quantize(fp32_path, out_path, quantization, calibration)
+        blank = normalize_images(np.zeros((8, 3, 64, 48), np.uint8), spec.pixel_mean, spec.pixel_std)
+        bad = Path(str(out_path) + ".blank.onnx")
+        quantize(fp32_path, bad, quantization, np.asarray(blank, np.float32))
+        changed.append(_head_ranges_from(out_path, bad))
+        bad.unlink()
+
+    kwargs = dict(gate_data=root, codec=codec, flip_indices=FLIP_INDICES, bound=CI_BOUND, bootstrap=CI_BOOTSTRAP,
+                  quantization="static", calibration=calibration, log=None)
+    good = to_int8_onnx(model, tmp_path / "good.int8.onnx", **kwargs)
+    assert good.passed
+    monkeypatch.setattr(Q, "quantize_onnx", head_uncalibrated)
+    out = tmp_path / "head.int8.onnx"
+    with pytest.raises(Int8GateError, match="int8 moves AP by more than the bound") as caught:
+        to_int8_onnx(model, out, **kwargs)
+    assert changed == [3]  # the two deconvolutions' and the final conv's outputs
+    assert caught.value.report.difference < -CI_BOUND < good.difference
+    assert not out.exists()
+
+
 def test_dynamic_int8_needs_no_calibration_and_gates_every_image(peaked, tmp_path):
     import onnx
 

@@ -458,3 +458,28 @@ def test_command_line_errors_are_one_line_and_exit_2(workdir, capsys):
             assert len(err) == 1 and err[0].startswith("vitpose serve: error: ") and words in err[0], err
     finally:
         taken.close()
+
+
+@pytest.mark.parametrize(("suffix", "runtime"), [(".onnx", "onnxruntime"), (".xml", "openvino")])
+def test_an_exported_file_is_served_through_predicts_door(workdir, tmp_path, suffix, runtime):
+    """`vitpose serve --model X.onnx | X.xml`: the file loads through the factory `vitpose predict
+    --model` uses (its spec, skeleton and flip test), and its answers are the command's records on it."""
+    if runtime == "openvino":
+        pytest.importorskip("openvino")
+    exported = tmp_path / "files" / f"tiny{suffix}"
+    assert main(["export", "--model", str(workdir / "tiny.safetensors"), "--out", str(exported)]) == 0
+    image = workdir / "images" / COCO_IMAGE
+    out = tmp_path / "want.json"
+    assert main(["predict", str(image), "--model", str(exported), "--detector", "full-frame", "--json", str(out)]) == 0
+    want = json.loads(out.read_text())
+    served = start_server(["--model", exported, "--detector", "full-frame", "--max-wait-ms", "0"], tmp_path)
+    try:
+        status, answer = post_image(served, image, headers={})
+        assert status == 200, answer
+        assert_same_records(answer["records"], want)
+        status, info = served.json("GET", "/v1/model")
+        assert status == 200 and info["settings"]["runtime"] == runtime and info["model"] == exported.name
+        recorded = vitpose.load_model(workdir / "tiny.safetensors", device="cpu").model.spec
+        assert info["spec"]["input_size"] == list(recorded.input_size)  # the file's ModelSpec, read by predict's door
+    finally:
+        assert served.stop() == 0

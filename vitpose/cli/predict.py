@@ -308,16 +308,14 @@ class StopOnSignal:
 def build_predictor(args):
     """The Predictor of the command line (the model downloads here when it is not cached)."""
     from vitpose.device import resolve_device, tune_cpu_allocator
+    from vitpose.inference.onnx import exported_device, is_exported, load_exported
     from vitpose.inference.predictor import Predictor
 
     detector = args.detector or ("none" if args.boxes is not None else "default")
-    openvino = _is_openvino(args.model)
-    if Path(args.model).suffix.lower() == ".onnx":
-        _check_onnx_device(args.device)  # the runtime's own GPU first: its package, not torch's CUDA, is missing
-    if openvino:
-        _openvino_device(args.device)  # OpenVINO's GPU is Intel's: checked by OpenVINO, the detector on the CPU
+    exported = is_exported(args.model)
     try:
-        device = resolve_device("cpu" if openvino else args.device)
+        # an exported file: the runtime's own device checks first (its package, not torch's CUDA, is missing)
+        device = exported_device(args.model, args.device) if exported else resolve_device(args.device)
     except ValueError as e:
         raise UsageError(f"--device: {e}") from None
     tune_cpu_allocator(device)  # on a CPU: this process runs models pass after pass (see its docstring)
@@ -338,92 +336,15 @@ def build_predictor(args):
             parse_det_classes(args.det_classes)
         except ValueError as e:
             raise UsageError(str(e)) from None
-    if Path(args.model).suffix.lower() == ".onnx" or openvino:
-        return build_onnx_predictor(args, None if detector == "none" else detector, device)
+    if exported:  # the one door for exported files (`vitpose serve` takes it too)
+        return load_exported(args.model, device, requested_device=args.device, config=args.config,
+                             precision=args.precision, flip_test=not args.no_flip, batch_size=args.batch_size,
+                             detector=None if detector == "none" else detector,
+                             detector_threshold=args.detector_threshold, det_classes=args.det_classes)
     return Predictor.from_pretrained(args.model, detector=None if detector == "none" else detector, device=device,
                                      config=args.config, flip_test=not args.no_flip, batch_size=args.batch_size,
                                      detector_threshold=args.detector_threshold, precision=args.precision,
                                      det_classes=args.det_classes)
-
-
-def _check_onnx_device(requested) -> None:
-    """`--device cuda[:N]` with an ONNX file: onnxruntime must have CUDA (ProviderError names the package)."""
-    if requested is not None and str(requested).startswith("cuda"):
-        from vitpose.inference.onnx import _import_onnxruntime, check_providers
-
-        check_providers(_import_onnxruntime(), ["CUDAExecutionProvider", "CPUExecutionProvider"])
-
-
-def _is_openvino(model) -> bool:
-    """`--model` names an OpenVINO IR: its .xml, or a folder holding one."""
-    path = Path(model)
-    return path.suffix.lower() == ".xml" or (path.is_dir() and any(path.glob("*.xml")))
-
-
-def _openvino_device(requested) -> str:
-    """`--device` for an OpenVINO IR: cpu/auto -> CPU, gpu -> Intel's GPU (checked: ProviderError naming
-    what to install when OpenVINO does not see one)."""
-    text = "auto" if requested is None else str(requested).lower()
-    if text in ("auto", "cpu"):
-        return "CPU"
-    if text.startswith("gpu"):
-        from vitpose.inference.onnx import _import_openvino, check_openvino_device
-
-        check_openvino_device(_import_openvino().Core(), text.upper())
-        return text.upper()
-    raise UsageError(f"--device {requested}: an OpenVINO IR runs on cpu or gpu (Intel's GPU through OpenVINO); "
-                     f"for CUDA export an ONNX file")
-
-
-def _onnx_on_cuda(requested, device) -> bool:
-    """CUDA asked for (checked by `_check_onnx_device`), or `auto` on a CUDA machine whose onnxruntime has it."""
-    if device.type != "cuda":
-        return False
-    if requested is not None and str(requested).startswith("cuda"):
-        return True
-    from vitpose.inference.onnx import _import_onnxruntime
-
-    return "CUDAExecutionProvider" in _import_onnxruntime().get_available_providers()
-
-
-def build_onnx_predictor(args, detector, device):
-    """`--model FILE.onnx`: an `OnnxPredictor` (onnxruntime) with the command line's detector, and the
-    skeleton the file's ModelSpec records (COCO's for a 17-keypoint file that records none) for the
-    drawings and the detector's classes. The flip test and the crops are the file's."""
-    from vitpose.builders import skeleton_of
-    from vitpose.data.metainfo import dataset_info
-    from vitpose.device import default_batch_size
-    from vitpose.inference.detect import DEFAULT_SCORE_THRESHOLD, detector_labels, make_detector
-    from vitpose.inference.onnx import OnnxPredictor, OpenVinoPredictor
-    from vitpose.models.spec import METADATA_KEY, ModelSpec
-
-    openvino = _is_openvino(args.model)
-    if args.config is not None:
-        raise UsageError(f"--config: {args.model} is an exported ONNX file, which carries its model; leave out --config")
-    if args.precision not in ("auto", "fp32"):
-        raise UsageError(f"--precision {args.precision}: an ONNX file runs in the precision it was exported in "
-                         f"(vitpose export --fp16 writes a float16 one)")
-    if not openvino and not Path(args.model).is_file():
-        raise UsageError(f"--model {args.model}: no such ONNX file")
-    if openvino:
-        predictor = OpenVinoPredictor(args.model, flip_test=not args.no_flip, device=_openvino_device(args.device),
-                                      batch_size=args.batch_size or default_batch_size(device))
-    else:
-        providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if _onnx_on_cuda(args.device, device) else \
-            ["CPUExecutionProvider"]
-        predictor = OnnxPredictor(args.model, flip_test=not args.no_flip, providers=providers,
-                                  batch_size=args.batch_size or default_batch_size(device))
-    spec = getattr(predictor, "spec", None)
-    recorded = predictor.metadata.get(METADATA_KEY)
-    if spec is None and recorded:
-        spec = ModelSpec.from_json(recorded, origin=f"recorded in {args.model}")
-    if spec is not None and spec.skeleton is not None:
-        predictor.skeleton = skeleton_of(spec)
-    else:
-        predictor.skeleton = dataset_info("coco") if predictor.num_keypoints == 17 else None
-    threshold = DEFAULT_SCORE_THRESHOLD if args.detector_threshold is None else args.detector_threshold
-    predictor.detector = make_detector(detector, device, threshold, detector_labels(predictor.skeleton, args.det_classes))
-    return predictor
 
 
 def _check_flags(args) -> None:

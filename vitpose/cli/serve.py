@@ -7,7 +7,7 @@
     curl --data-binary @photo.jpg "http://127.0.0.1:8000/v1/predict?format=labelstudio"
 
 The model loads once through `vitpose.load_model` (a published name, an HF repo id, a weights file;
-or an exported .onnx file through `vitpose.OnnxPredictor`). Concurrent requests share forward
+or an exported .onnx file or OpenVINO IR through the factory `vitpose predict --model` uses). Concurrent requests share forward
 passes: the crops of several images go through the network together, up to --max-batch crops,
 waiting at most --max-wait-ms for more (vitpose.serve.batching). Endpoints, limits and errors:
 vitpose/serve/app.py; Label Studio (Settings > Model > Connect model, URL of this server):
@@ -41,7 +41,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                               shared=("--config", "--device", "--debug"), description=doc[0],
                               epilog="\n\n".join(doc[1:]), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=DEFAULT_MODEL,
-                   help="a published name, an HF repo id, a weights file or an exported .onnx file (default: %(default)s)")
+                   help="a published name, an HF repo id, a weights file, an exported .onnx file or an OpenVINO IR "
+                        "(its .xml or folder; vitpose export --format openvino) (default: %(default)s)")
     p.add_argument("--config", default=None, metavar="FILE|NAME",
                    help="the run config the weights were trained with (a YAML file or a shipped config's name, "
                         "as for vitpose train); its model section and skeleton describe them. Default: what the "
@@ -116,23 +117,28 @@ def _loopback(host: str) -> bool:
 
 def load_predictor(args):
     """(predictor, spec, skeleton details) through the one door: `vitpose.Predictor.from_pretrained`
-    (`vitpose.load_model`), or `vitpose.OnnxPredictor` for an .onnx file."""
+    (`vitpose.load_model`), or for an exported file (.onnx, an OpenVINO IR's .xml or folder) the
+    factory `vitpose predict --model` uses (`vitpose.inference.onnx.load_exported`: the file's
+    ModelSpec, its skeleton, the device and provider checks)."""
     import vitpose
     from vitpose.device import resolve_device, tune_cpu_allocator
+    from vitpose.inference.onnx import exported_device, is_exported, is_openvino, load_exported
 
     detector = None if args.detector == "none" else args.detector
-    if str(args.model).lower().endswith(".onnx"):
-        from vitpose.data.metainfo import dataset_info
-        from vitpose.inference.detect import make_detector
-
-        predictor = vitpose.OnnxPredictor(args.model, flip_test=not args.no_flip)
-        if predictor.num_keypoints != 17:
-            raise ServeError(f"--model {args.model}: an ONNX graph of {predictor.num_keypoints} keypoints; the server "
-                             f"names COCO's 17 only for ONNX (serve the weights file instead)")
-        predictor.skeleton = dataset_info("coco")
-        predictor.detector = make_detector(detector, "cpu", *([args.detector_threshold] if args.detector_threshold
-                                                             is not None else []))
-        return predictor, None, {"runtime": "onnxruntime", "flip_test": predictor.flip_test}
+    if is_exported(args.model):  # the door `vitpose predict --model` takes (vitpose.inference.onnx.load_exported)
+        try:
+            device = exported_device(args.model, args.device)
+        except ValueError as e:
+            raise ServeError(f"--device: {e}") from None
+        predictor = load_exported(args.model, device, requested_device=args.device, config=args.config,
+                                  precision=args.precision, flip_test=not args.no_flip, batch_size=args.max_batch,
+                                  detector=detector, detector_threshold=args.detector_threshold)
+        if predictor.skeleton is None:
+            raise ServeError(f"--model {args.model}: a graph of {predictor.num_keypoints} keypoints that records no "
+                             f"skeleton; the server needs the keypoints' names (export it with this version, or "
+                             f"serve the weights file)")
+        runtime = "openvino" if is_openvino(args.model) else "onnxruntime"
+        return predictor, getattr(predictor, "spec", None), {"runtime": runtime, "flip_test": predictor.flip_test}
     try:
         device = resolve_device(args.device)
     except ValueError as e:
@@ -171,7 +177,7 @@ def run(args) -> int:
         raise
     max_body = int(args.max_body_mb * 2**20)
     # a file is shown by its name (the page and /v1/model tell no one the server's folders)
-    model_name = Path(args.model).name if Path(args.model).is_file() else str(args.model)
+    model_name = Path(args.model).name if Path(args.model).exists() else str(args.model)
     settings = serve_app.Settings(model_name=model_name, max_body=max_body, max_pixels=args.max_pixels,
                                   timeout=args.timeout, token=token, mark_below=args.mark_below,
                                   max_in_flight=args.max_in_flight, details=details)

@@ -60,6 +60,7 @@ if TYPE_CHECKING:
 
 __all__ = ["EXPORT_KEY", "FORMATS", "ExportFileError", "ExportGraph", "ExportUsageError", "GateDataError", "GateError",
            "GateReport", "GateRun", "MissingDependencyError", "OpsetError", "check_export", "export", "gate_crops",
+           "onnx_to_openvino",
            "own_flip_indices", "read_export_spec", "to_exported_program", "to_int8_onnx", "to_onnx", "to_openvino"]
 
 FORMATS = ("onnx", "pt2", "openvino")
@@ -471,6 +472,25 @@ def _write_openvino(graph: ExportGraph, path: Path, batch, input_size, metadata:
     for key, value in metadata.items():
         model.set_rt_info(value, OPENVINO_RT_INFO[key])
     ov.save_model(model, str(path), compress_to_fp16=False)
+
+
+def onnx_to_openvino(onnx_path, xml_path, metadata_from=None) -> None:
+    """An ONNX file (e.g. a static QDQ int8 one: OpenVINO reads its QuantizeLinear/DequantizeLinear
+    pairs as FakeQuantize and runs the matrix products in int8) as an OpenVINO IR at `xml_path`,
+    with the vitpose metadata of `metadata_from` (an ONNX file; default: `onnx_path` itself) in its
+    rt_info. No gate here: callers gate what they ship."""
+    require(("onnx", "openvino"), "OpenVINO conversion")
+    import onnx
+    import openvino as ov
+
+    from vitpose.inference.onnx import OPENVINO_RT_INFO
+
+    source = onnx.load(str(metadata_from or onnx_path), load_external_data=False)
+    metadata = {p.key: p.value for p in source.metadata_props if p.key in OPENVINO_RT_INFO}
+    model = ov.convert_model(str(onnx_path))
+    for key, value in metadata.items():
+        model.set_rt_info(value, OPENVINO_RT_INFO[key])
+    ov.save_model(model, str(xml_path), compress_to_fp16=False)
 
 
 def _pt2_runner(path: Path):
@@ -911,8 +931,10 @@ def _run_int8(args, out: Path, fmt: str) -> int:
     from vitpose.inference.quantize import Int8GateError
 
     if fmt != "onnx":
-        raise ExportUsageError(f"--precision int8 writes an ONNX file (ONNX Runtime's quantization); --format {fmt} "
-                         f"has no int8 path here")
+        # OpenVINO runs a static QDQ file in int8 (`onnx_to_openvino`), but on an AVX2 CPU it ran slower
+        # than OpenVINO fp32 and ONNX Runtime int8 (BENCHMARKS.md, issue 31): no OpenVINO int8 export.
+        raise ExportUsageError(f"--precision int8 writes an ONNX file (ONNX Runtime's quantization, the faster int8 "
+                               f"runtime measured); --format {fmt} has no int8 path here")
     gate_data = args.gate_data
     if gate_data is None and args.config is not None:
         from vitpose.config import load_config

@@ -34,8 +34,9 @@ from vitpose.inference.pipeline import TopDown
 from vitpose.inference.results import StageTimer
 from vitpose.models.spec import METADATA_KEY, ModelSpec, SpecError, check_flip_indices
 
-__all__ = ["OnnxMetadataError", "OnnxPredictor", "OpenVinoPredictor", "ProviderError", "check_providers",
-           "openvino_xml"]
+__all__ = ["ExportedModelError", "OnnxMetadataError", "OnnxPredictor", "OpenVinoPredictor", "ProviderError",
+           "check_onnx_device", "check_providers", "exported_device", "is_exported", "is_openvino", "load_exported",
+           "openvino_device", "openvino_xml"]
 
 EXTRA_HINT = 'pip install onnxruntime (or pip install "vitpose[export]")'
 EXPORT_KEY = "vitpose.export"  # vitpose.inference.export.EXPORT_KEY (that module imports torch)
@@ -423,3 +424,104 @@ class OpenVinoPredictor(OnnxPredictor):
 
     def _infer(self, x: np.ndarray) -> np.ndarray:
         return np.asarray(self.session(x)[0])
+
+
+# ----------------------------------------------------------------------------------------------
+# The one door for exported files: `vitpose predict --model` and `vitpose serve --model`
+
+
+class ExportedModelError(UserError):
+    """A flag that does not fit an exported file (one line, exit status 2)."""
+
+
+def is_openvino(model) -> bool:
+    """`model` names an OpenVINO IR: its .xml, or a folder holding one."""
+    path = Path(model)
+    return path.suffix.lower() == ".xml" or (path.is_dir() and any(path.glob("*.xml")))
+
+
+def is_exported(model) -> bool:
+    """`model` names an exported file: an .onnx file or an OpenVINO IR (these load through `load_exported`)."""
+    return Path(str(model)).suffix.lower() == ".onnx" or is_openvino(model)
+
+
+def check_onnx_device(requested) -> None:
+    """`--device cuda[:N]` with an ONNX file: onnxruntime must have CUDA (ProviderError names the package)."""
+    if requested is not None and str(requested).startswith("cuda"):
+        check_providers(_import_onnxruntime(), ["CUDAExecutionProvider", "CPUExecutionProvider"])
+
+
+def openvino_device(requested) -> str:
+    """`--device` for an OpenVINO IR: cpu/auto -> CPU, gpu -> Intel's GPU (checked: ProviderError naming
+    what to install when OpenVINO does not see one)."""
+    text = "auto" if requested is None else str(requested).lower()
+    if text in ("auto", "cpu"):
+        return "CPU"
+    if text.startswith("gpu"):
+        check_openvino_device(_import_openvino().Core(), text.upper())
+        return text.upper()
+    raise ExportedModelError(f"--device {requested}: an OpenVINO IR runs on cpu or gpu (Intel's GPU through "
+                             f"OpenVINO); for CUDA export an ONNX file")
+
+
+def exported_device(model, requested):
+    """The torch device of the steps around an exported file's network (crops, the detector), after
+    the runtime's own device checks: CUDA asked of onnxruntime needs its GPU package; an OpenVINO
+    IR's GPU is Intel's, checked by OpenVINO, and the rest runs on the CPU. ValueError: a bad --device."""
+    from vitpose.device import resolve_device
+
+    if is_openvino(model):
+        openvino_device(requested)
+        return resolve_device("cpu")
+    check_onnx_device(requested)
+    return resolve_device(requested)
+
+
+def _onnx_on_cuda(requested, device) -> bool:
+    """CUDA asked for (checked by `check_onnx_device`), or `auto` on a CUDA machine whose onnxruntime has it."""
+    if device.type != "cuda":
+        return False
+    if requested is not None and str(requested).startswith("cuda"):
+        return True
+    return "CUDAExecutionProvider" in _import_onnxruntime().get_available_providers()
+
+
+def load_exported(model, device, *, requested_device=None, config=None, precision="auto", flip_test: bool = True,
+                  batch_size: int | None = None, detector=None, detector_threshold: float | None = None,
+                  det_classes=None) -> OnnxPredictor:
+    """`--model FILE.onnx | IR`: an `OnnxPredictor` (onnxruntime) or `OpenVinoPredictor` with the
+    command line's detector, and the skeleton the file's ModelSpec records (COCO's for a 17-keypoint
+    file that records none, else None) for the drawings and the detector's classes. The flip test
+    and the crops are the file's. `device`: from `exported_device`."""
+    from vitpose.builders import skeleton_of
+    from vitpose.data.metainfo import dataset_info
+    from vitpose.device import default_batch_size
+    from vitpose.inference.detect import DEFAULT_SCORE_THRESHOLD, detector_labels, make_detector
+
+    openvino = is_openvino(model)
+    if config is not None:
+        raise ExportedModelError(f"--config: {model} is an exported file, which carries its model; leave out --config")
+    if precision not in ("auto", "fp32"):
+        raise ExportedModelError(f"--precision {precision}: an exported file runs in the precision it was exported in "
+                                 f"(vitpose export --fp16 / --precision int8 write other ones)")
+    if not openvino and not Path(model).is_file():
+        raise ExportedModelError(f"--model {model}: no such ONNX file")
+    batch = batch_size or default_batch_size(device)
+    if openvino:
+        predictor = OpenVinoPredictor(model, flip_test=flip_test, device=openvino_device(requested_device),
+                                      batch_size=batch)
+    else:
+        providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if _onnx_on_cuda(requested_device, device) else \
+            ["CPUExecutionProvider"]
+        predictor = OnnxPredictor(model, flip_test=flip_test, providers=providers, batch_size=batch)
+    spec = getattr(predictor, "spec", None)
+    recorded = predictor.metadata.get(METADATA_KEY)
+    if spec is None and recorded:
+        spec = ModelSpec.from_json(recorded, origin=f"recorded in {model}")
+    if spec is not None and spec.skeleton is not None:
+        predictor.skeleton = skeleton_of(spec)
+    else:
+        predictor.skeleton = dataset_info("coco") if predictor.num_keypoints == 17 else None
+    threshold = DEFAULT_SCORE_THRESHOLD if detector_threshold is None else detector_threshold
+    predictor.detector = make_detector(detector, device, threshold, detector_labels(predictor.skeleton, det_classes))
+    return predictor

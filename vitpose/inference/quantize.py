@@ -26,8 +26,11 @@ Which quantization by default: dynamic. Measured with `benchmarks/bench_predict.
 static QDQ 2.36x [1.25-2.36]: ONNX Runtime runs static QDQ's many QuantizeLinear/DequantizeLinear
 pairs around the ops it cannot fuse (softmax, layer norm, GELU), which costs more than dynamic's one
 run-time quantization per matrix product. Both passed the gate on the demo model (dynamic +0.0008
-[-0.0007, +0.0019], static +0.0014 [-0.0007, +0.0038]). Static stays for users who name their
-calibration images (`--calibration` implies it) or whose runtime prefers QDQ graphs.
+[-0.0007, +0.0019], static +0.0014 [-0.0007, +0.0038]). On an AVX2-only AMD EPYC (no VNNI, 2
+threads, quiet machine, BENCHMARKS.md "int8 on an AVX2-only CPU") the order is the same: dynamic
+1.48x MMPose, static 1.23x; gate dynamic -0.0011 [-0.0021, +0.0007], static +0.0012 [-0.0010, +0.0030].
+Static stays for users who name their calibration images (`--calibration` implies it) or whose
+runtime prefers QDQ graphs.
 """
 
 from __future__ import annotations
