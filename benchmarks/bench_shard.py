@@ -45,6 +45,20 @@ def keypoints(path: Path) -> np.ndarray:
     return np.asarray([r["keypoints"] for r in rows], np.float64)
 
 
+def scratch_images_and_weights(prefix: str, count: int, model: str = "vitpose-s", suffix: str = ".jpg") -> Path:
+    """A new scratch folder with `images/` (`count` random 320x240 images) and `model.safetensors`
+    (random weights of `model`: the speed and the comparisons do not depend on the values)."""
+    import vitpose
+
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    rng = np.random.default_rng(0)
+    (work / "images").mkdir()
+    for i in range(count):
+        cv2.imwrite(str(work / "images" / f"img_{i:05d}{suffix}"), rng.integers(0, 256, (240, 320, 3), dtype=np.uint8))
+    vitpose.save_weights(vitpose.build_model(model), work / "model.safetensors")
+    return work
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--images", type=int, default=96)
@@ -53,15 +67,7 @@ def main() -> None:
     p.add_argument("--skip-ray", action="store_true")
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
-
-    import vitpose
-
-    work = Path(tempfile.mkdtemp(prefix="bench-shard-"))
-    rng = np.random.default_rng(0)
-    (work / "images").mkdir()
-    for i in range(args.images):
-        cv2.imwrite(str(work / "images" / f"img_{i:05d}.jpg"), rng.integers(0, 256, (240, 320, 3), dtype=np.uint8))
-    vitpose.save_weights(vitpose.build_model(args.model), work / "model.safetensors")
+    work = scratch_images_and_weights("bench-shard-", args.images, args.model)
     env = dict(os.environ, PYTHONPATH=str(REPO), TQDM_DISABLE="1")
     env.pop("OMP_NUM_THREADS", None)  # each configuration splits the CPUs its own way (spawn_shards: CPUs / N)
     threads = max(1, (os.cpu_count() or 1))
