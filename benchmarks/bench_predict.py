@@ -523,6 +523,7 @@ def runtime_predictors(model, codec, folder, flip, args):
     import vitpose.inference.export as E
     from vitpose.data.pixels import normalize_images
     from vitpose.device import default_batch_size
+    from vitpose.inference import int8_graph
     from vitpose.inference import quantize as Q
     from vitpose.inference.onnx import OnnxPredictor, OpenVinoPredictor
 
@@ -533,9 +534,13 @@ def runtime_predictors(model, codec, folder, flip, args):
     calibration = normalize_images(crops, spec.pixel_mean, spec.pixel_std).numpy().astype(np.float32)
     batch = args.batch_size or default_batch_size("cpu")
     found = {"ort-fp32": OnnxPredictor(fp32, flip_test=flip, threads=args.threads, batch_size=batch)}
+    # dynamic quantizes the graph `vitpose export --precision int8` writes for it (int8_graph's layout)
+    laid_out = folder / "runtime.int8-layout.onnx"
+    if int8_graph.available():
+        E.to_onnx(model, laid_out, codec=codec, int8_layout=True, log=None)
     for mode in Q.QUANTIZATIONS:
         path = folder / f"runtime.int8.{mode}.onnx"
-        Q.quantize_onnx(fp32, path, mode, calibration)
+        Q.quantize_onnx(laid_out if mode == "dynamic" and laid_out.exists() else fp32, path, mode, calibration)
         found[f"ort-int8-{mode}"] = OnnxPredictor(path, flip_test=flip, threads=args.threads, batch_size=batch)
     try:
         E.to_openvino(model, folder / "runtime.xml", codec=codec, log=None)

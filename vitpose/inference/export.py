@@ -224,12 +224,28 @@ def _recorded_spec(spec: ModelSpec, flip_indices, num_keypoints: int) -> ModelSp
     return spec.replace(skeleton={"name": name, "keypoint_names": names, "flip_indices": order})
 
 
-def _export_facts(flip_test: bool, fp16: bool, batch) -> str:
-    """How the graph was made (`EXPORT_KEY`): what a consumer needs besides the model's spec."""
+def _export_facts(flip_test: bool, fp16: bool, batch, layout: str | None = None) -> str:
+    """How the graph was made (`EXPORT_KEY`): what a consumer needs besides the model's spec
+    (`layout`: "int8" for `vitpose.inference.int8_graph`'s layout)."""
     from vitpose import __version__
 
-    return json.dumps({"flip_test": bool(flip_test), "precision": "float16" if fp16 else "float32",
-                       "batch": batch, "version": __version__}, sort_keys=True)
+    facts = {"flip_test": bool(flip_test), "precision": "float16" if fp16 else "float32", "batch": batch,
+             "version": __version__}
+    if layout is not None:
+        facts["layout"] = layout
+    return json.dumps(facts, sort_keys=True)
+
+
+def _rewrite_onnx(path: Path, rewrite: Callable) -> int:
+    """Apply an in-place graph rewrite (`vitpose.inference.int8_graph`) to the ONNX file at `path`."""
+    import onnx
+
+    model = onnx.load(str(path))
+    count = rewrite(model)
+    if count:
+        onnx.checker.check_model(model)
+        onnx.save(model, str(path))
+    return count
 
 
 # ----------------------------------------------------------------------------------------------
@@ -668,7 +684,7 @@ def _refuse_nonfinite_weights(model: nn.Module) -> None:
 
 
 def _export(format: str, model: nn.Module, path, *, batch="dynamic", flip_test=False, fp16=False, codec=None,
-            flip_indices=None, crops=None, labels=(), source=None, opset=None,
+            flip_indices=None, crops=None, labels=(), source=None, opset=None, int8_layout=False,
             log: Callable[[str], None] | None = print) -> GateReport:
     if format not in FORMATS:
         raise ValueError(f"unknown export format {format!r}; choose one of {FORMATS}")
@@ -691,12 +707,21 @@ def _export(format: str, model: nn.Module, path, *, batch="dynamic", flip_test=F
         crops, labels, source = gate_crops(None, input_size)
     if tuple(crops.shape[2:]) != (input_size[1], input_size[0]):
         raise ValueError(f"gate crops are {tuple(crops.shape[2:])} (h, w), the model takes {input_size[::-1]}")
-    graph = ExportGraph(_plain_copy(model, fp16), flip_test, flip_indices, fp16, codec.flip_shift).eval()
+    traced = _plain_copy(model, fp16)
+    if int8_layout:  # the same arithmetic laid out for integer kernels (vitpose.inference.int8_graph)
+        from vitpose.inference import int8_graph
+
+        if format != "onnx" or fp16:
+            raise ValueError("int8_layout is a float32 ONNX graph (the input of dynamic int8 quantization)")
+        traced, opset = int8_graph.int8_layout(traced), int8_graph.ATTENTION_OPSET
+    graph = ExportGraph(traced, flip_test, flip_indices, fp16, codec.flip_shift).eval()
     spec_json = _recorded_spec(spec, flip_indices, num_keypoints).to_json()
-    facts = _export_facts(flip_test, fp16, batch)
+    facts = _export_facts(flip_test, fp16, batch, "int8" if int8_layout else None)
     with staged_files(path) as staged:
         if format == "onnx":
             _write_onnx(graph, staged, batch, input_size, {METADATA_KEY: spec_json, EXPORT_KEY: facts}, opset)
+            if int8_layout:
+                _rewrite_onnx(staged, int8_graph.attention_3d)
         elif format == "openvino":
             _write_openvino(graph, staged, batch, input_size, {METADATA_KEY: spec_json, EXPORT_KEY: facts}, opset)
         else:
@@ -716,7 +741,7 @@ def _export(format: str, model: nn.Module, path, *, batch="dynamic", flip_test=F
 def to_onnx(model: nn.Module, path, *, batch: str | int = "dynamic", flip_test: bool = False, fp16: bool = False,
             codec=None, flip_indices: Sequence[int] | None = None, crops: torch.Tensor | None = None,
             labels: Sequence[str] = (), source: str | None = None, opset: int | None = None,
-            log: Callable[[str], None] | None = print) -> GateReport:
+            int8_layout: bool = False, log: Callable[[str], None] | None = print) -> GateReport:
     """Export `model` to ONNX at `path`, written only if it passes the gate (`check_export`).
 
     Args:
@@ -731,12 +756,16 @@ def to_onnx(model: nn.Module, path, *, batch: str | int = "dynamic", flip_test: 
         flip_indices: left/right keypoint order for the flip test (None: COCO-17).
         crops, labels, source: the gate's uint8 RGB crops (default: `gate_crops()`, the synthetic set).
         opset: ONNX opset (None: the exporter's default, 20 with torch 2.14).
+        int8_layout: write the graph laid out for dynamic int8 quantization
+            (`vitpose.inference.int8_graph`: the classic head as matrix products, 3-D attention, opset
+            23; the same numbers, gated alike), the input of `vitpose export --precision int8`.
         log: where the gate's figures go (None: silent).
     Returns the GateReport. Raises GateError (file deleted) if the gate fails, MissingDependencyError
     without onnx / onnxscript / onnxruntime.
     """
     return _export("onnx", model, path, batch=batch, flip_test=flip_test, fp16=fp16, codec=codec,
-                   flip_indices=flip_indices, crops=crops, labels=labels, source=source, opset=opset, log=log)
+                   flip_indices=flip_indices, crops=crops, labels=labels, source=source, opset=opset,
+                   int8_layout=int8_layout, log=log)
 
 
 def to_exported_program(model: nn.Module, path, *, batch: str | int = "dynamic", flip_test: bool = False,
@@ -793,6 +822,7 @@ def to_int8_onnx(model: nn.Module, path, *, gate_data, calibration=None, quantiz
     """
     import onnx
 
+    from vitpose.inference import int8_graph
     from vitpose.inference import quantize as Q
 
     path = Path(path)
@@ -823,8 +853,13 @@ def to_int8_onnx(model: nn.Module, path, *, gate_data, calibration=None, quantiz
                                    f"are taken out; the gate needs at least {Q.MIN_GATE_IMAGES} (and more to resolve it)")
         fp32 = tmp / "fp32.onnx"
         gate_uint8, labels, source = gate_crops(None, codec.input_size)  # the fp32 graph's equality gate
+        # dynamic: the graph laid out for the integer kernels (vitpose.inference.int8_graph), where
+        # this install can run it; static QDQ keeps the plain graph (its quantizer reads ONNX's
+        # Attention as its own contrib operator)
+        layout = quantization == "dynamic" and int8_graph.available()
         to_onnx(model, fp32, batch=batch, flip_test=flip_test, codec=codec, flip_indices=flip_indices,
-                crops=gate_uint8, labels=labels, source=source, log=None)  # the fp32 graph equals PyTorch
+                crops=gate_uint8, labels=labels, source=source, int8_layout=layout,
+                log=None)  # the fp32 graph equals PyTorch
         recorded = {p.key: p.value for p in onnx.load(str(fp32), load_external_data=False).metadata_props}
         with staged_files(path) as staged:
             Q.quantize_onnx(fp32, staged, quantization, calibration_x)

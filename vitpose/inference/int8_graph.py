@@ -1,0 +1,294 @@
+"""The graph of a dynamic int8 file: the fp32 model's arithmetic, laid out so that ONNX Runtime's
+integer kernels do the heavy products (`vitpose export --precision int8`, the default "dynamic").
+
+Why a layout of its own (measured with ONNX Runtime 1.32 on an AVX2-only AMD EPYC, ViTPose-S,
+16 crops, 2 threads, op by op with ONNX Runtime's profiler; BENCHMARKS.md "int8 on an AVX2-only CPU"):
+- The classic head's two 4x4 stride-2 transposed convolutions took a quarter of the int8 file's
+  time, all of it in float: ONNX Runtime's dynamic quantization has no integer ConvTranspose, and its
+  integer Conv (ConvInteger) ran slower than float Conv. `PhaseDeconvHead` computes the same
+  transposed convolution as four matrix products, one per output phase (which of the 2x2 output
+  pixels an input pixel feeds), each over the 2x2 input neighbourhood that phase reads; those are
+  MatMuls, which the quantizer makes integer. BatchNorm (eval) is folded into them.
+- The exporter writes attention as Reshape -> Transpose -> 3x Slice -> Attention (4-D) -> Transpose
+  -> Reshape: about 50 Transposes and copies per pass. `attention_3d` rewrites each block's pattern
+  into Split -> Attention with 3-D inputs (`q_num_heads`), the form ONNX's Attention (opset 23) takes
+  without the copies.
+- `quantized_gather`: the head's phase products gather their 2x2 neighbourhoods (Pad, Slice,
+  Concat) in float and then quantize each gathered tensor; after it, the input is quantized once and
+  the gather moves uint8 (a quarter of the bytes), with the same per-tensor scale for all four phases.
+
+`PhaseDeconvHead` equals the head it replaces up to float rounding, and the fp32 file is gated equal
+to PyTorch like every export (`vitpose.inference.export.check_export`); only quantization then
+changes the numbers, and the int8 AP gate judges that (`vitpose.inference.quantize.int8_gate`).
+ONNX's Attention needs opset 23 and an onnxruntime with its CPU kernel (1.23, microsoft/onnxruntime#25156);
+`available()` says whether this install has both, and without them the int8 file keeps the plain graph.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vitpose.models.heads import ClassicHead
+from vitpose.models.wrappers import unwrap_model
+
+__all__ = ["ATTENTION_OPSET", "PhaseDeconvHead", "attention_3d", "available", "int8_layout", "quantized_gather"]
+
+ATTENTION_OPSET = 23  # the first opset with ONNX's Attention operator
+MIN_ONNXRUNTIME = (1, 23)  # its CPU kernel
+
+# A 4x4 transposed convolution with stride 2 and padding 1: output row 2m + a reads the zero-padded
+# input rows m + offset, offset in {a, a + 1}, through kernel row `tap` (the same for columns).
+# Derived from y[p] = sum_i x[i] * w[p + 1 - 2i]: for p = 2m, taps 3 (input m-1) and 1 (input m);
+# for p = 2m + 1, taps 2 (input m) and 0 (input m+1); +1 for the padding's shift.
+PHASE_TAPS = {0: ((0, 3), (1, 1)), 1: ((1, 2), (2, 0))}  # phase -> ((offset, tap), (offset, tap))
+
+
+def _supported_deconv(layer) -> bool:
+    return (isinstance(layer, nn.ConvTranspose2d) and tuple(layer.kernel_size) == (4, 4)
+            and tuple(layer.stride) == (2, 2) and tuple(layer.padding) == (1, 1)
+            and tuple(layer.output_padding) == (0, 0) and tuple(layer.dilation) == (1, 1)
+            and layer.groups == 1 and layer.bias is None)
+
+
+class PhaseDeconvHead(nn.Module):
+    """`ClassicHead` (eval mode) as matrix products over channels-last tensors.
+
+    Each stage Deconv(4x4, s2, p1) -> BN -> ReLU becomes, per output phase (a, b), the product of
+    the four padded-input views that phase reads (concatenated on channels: (N, H, W, 4*Cin)) with
+    the matching kernel taps scaled by BN's factor (4*Cin, Cout), plus BN's shift; the four phase
+    outputs interleave into (N, 2H, 2W, Cout). The 1x1 final conv is a product with its (Cin, K)
+    weight. Input (N, C, H, W) as the backbone gives it, output (N, K, 4H, 4W) heatmaps.
+    """
+
+    def __init__(self, head: ClassicHead):
+        super().__init__()
+        layers = list(head.deconv_layers)
+        self.stage_weights = nn.ParameterList()
+        self.stage_shifts = nn.ParameterList()
+        for deconv, norm in zip(layers[0::3], layers[1::3]):
+            scale = norm.weight.detach() / torch.sqrt(norm.running_var + norm.eps)
+            shift = norm.bias.detach() - norm.running_mean * scale
+            kernel = deconv.weight.detach() * scale[None, :, None, None]  # (Cin, Cout, 4, 4)
+            phases = [torch.cat([kernel[:, :, ky, kx] for _, ky in PHASE_TAPS[a] for _, kx in PHASE_TAPS[b]])
+                      for a in (0, 1) for b in (0, 1)]  # each (4*Cin, Cout)
+            self.stage_weights.append(nn.Parameter(torch.stack(phases), requires_grad=False))
+            self.stage_shifts.append(nn.Parameter(shift, requires_grad=False))
+        final = head.final_layer
+        self.final_weight = nn.Parameter(final.weight.detach().flatten(1).t().contiguous(), requires_grad=False)
+        self.final_bias = nn.Parameter(final.bias.detach().clone(), requires_grad=False)
+
+    @staticmethod
+    def _stage(x, weights, shift):
+        n, h, w, _ = x.shape
+        padded = F.pad(x, (0, 0, 1, 1, 1, 1))
+        rows = []
+        for a in (0, 1):
+            row = []
+            for b in (0, 1):
+                views = [padded[:, dy:dy + h, dx:dx + w] for dy, _ in PHASE_TAPS[a] for dx, _ in PHASE_TAPS[b]]
+                row.append(torch.cat(views, -1) @ weights[2 * a + b] + shift)
+            rows.append(torch.stack(row, 3))  # (N, H, W, 2, Cout): column phases
+        out = torch.stack(rows, 2)  # (N, H, 2, W, 2, Cout): row phases
+        return F.relu(out.reshape(n, 2 * h, 2 * w, -1))
+
+    def forward(self, x):
+        x = x.permute(0, 2, 3, 1)
+        for weights, shift in zip(self.stage_weights, self.stage_shifts):
+            x = self._stage(x, weights, shift)
+        return (x @ self.final_weight + self.final_bias).permute(0, 3, 1, 2)
+
+
+def int8_layout(model: nn.Module) -> nn.Module:
+    """An eval-mode copy of `model` whose classic head is a `PhaseDeconvHead` (the model itself is
+    left as it was); a model whose head is not a classic head of 4x4 stride-2 deconvs keeps it."""
+    model = copy.deepcopy(unwrap_model(model)).cpu().eval()
+    head = getattr(model, "head", None)
+    if isinstance(head, ClassicHead) and all(_supported_deconv(layer) for layer in list(head.deconv_layers)[0::3]):
+        model.head = PhaseDeconvHead(head)
+    return model
+
+
+def available() -> bool:
+    """Whether this install can write and run the layout: torch's ONNX exporter at opset 23 and an
+    onnxruntime with ONNX Attention's CPU kernel."""
+    try:
+        import onnxruntime
+    except ImportError:
+        return False
+    version = tuple(int(part) for part in onnxruntime.__version__.split(".")[:2] if part.isdigit())
+    return version >= MIN_ONNXRUNTIME
+
+
+# ------------------------------------------------------------------------------ ONNX rewrites
+
+
+def _graph_maps(graph):
+    producer = {out: node for node in graph.node for out in node.output}
+    consumers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    return producer, consumers
+
+
+def _constant(graph, producer, name):
+    from onnx import numpy_helper
+
+    for tensor in graph.initializer:
+        if tensor.name == name:
+            return numpy_helper.to_array(tensor)
+    node = producer.get(name)
+    if node is not None and node.op_type == "Constant":
+        return numpy_helper.to_array(node.attribute[0].t)
+    return None
+
+
+def _perm(node):
+    return [list(a.ints) for a in node.attribute if a.name == "perm"][0] if node.attribute else None
+
+
+def attention_3d(model) -> int:
+    """Rewrite, in place, each block's Reshape(B, N, 3, H, D) -> Transpose(2, 0, 3, 1, 4) -> Slice+Squeeze
+    x3 -> Attention -> Transpose(0, 2, 1, 3) -> Reshape(B, N, C) into Split(last axis, 3) -> Attention
+    (3-D inputs, `q_num_heads` = `kv_num_heads` = H). Returns how many blocks were rewritten (a
+    pattern that differs in any way is left as it is)."""
+    from onnx import helper
+
+    graph = model.graph
+    producer, consumers = _graph_maps(graph)
+    replaced, dropped = {}, set()
+    for attention in [n for n in graph.node if n.op_type == "Attention" and n.domain in ("", "ai.onnx")]:
+        if len(attention.input) != 3 or len(attention.output) != 1:
+            continue
+        squeezes = [producer.get(name) for name in attention.input]
+        if any(node is None or node.op_type != "Squeeze" for node in squeezes):
+            continue
+        slices = [producer.get(node.input[0]) for node in squeezes]
+        if any(node is None or node.op_type != "Slice" for node in slices):
+            continue
+        if len({node.input[0] for node in slices}) != 1 or [
+                int(_constant(graph, producer, node.input[1])[0]) for node in slices] != [0, 1, 2]:
+            continue
+        transpose = producer.get(slices[0].input[0])
+        if transpose is None or transpose.op_type != "Transpose" or _perm(transpose) != [2, 0, 3, 1, 4]:
+            continue
+        reshape = producer.get(transpose.input[0])
+        shape = None if reshape is None or reshape.op_type != "Reshape" else _constant(graph, producer, reshape.input[1])
+        if shape is None or len(shape) != 5 or int(shape[2]) != 3 or int(shape[3]) < 1:
+            continue
+        users = consumers.get(attention.output[0], [])
+        if len(users) != 1 or users[0].op_type != "Transpose" or _perm(users[0]) != [0, 2, 1, 3]:
+            continue
+        back = users[0]
+        merge = consumers.get(back.output[0], [])
+        if len(merge) != 1 or merge[0].op_type != "Reshape":
+            continue
+        merge = merge[0]
+        if len(consumers.get(reshape.output[0], [])) != 1 or len(consumers.get(transpose.output[0], [])) != 3:
+            continue
+        heads = int(shape[3])
+        base = attention.name or attention.output[0]
+        q, k, v = f"{base}/q", f"{base}/k", f"{base}/v"
+        attributes = {a.name: helper.get_attribute_value(a) for a in attention.attribute}
+        replaced[id(reshape)] = [
+            helper.make_node("Split", [reshape.input[0]], [q, k, v], name=f"{base}/split", axis=-1, num_outputs=3),
+            helper.make_node("Attention", [q, k, v], [merge.output[0]], name=f"{base}/3d", q_num_heads=heads,
+                             kv_num_heads=heads, **attributes)]
+        dropped.update(id(node) for node in (transpose, *slices, *squeezes, attention, back, merge))
+    nodes = []
+    for node in graph.node:
+        if id(node) in replaced:
+            nodes.extend(replaced[id(node)])
+        elif id(node) not in dropped:
+            nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    _drop_unused_initializers(graph)
+    return len(replaced)
+
+
+def quantized_gather(model) -> int:
+    """Rewrite, in place, DynamicQuantizeLinear(Concat(Slice...(Pad(x)))) (the quantizer's view of a
+    `PhaseDeconvHead` product) into Concat(Slice...(Pad(DynamicQuantizeLinear(x), zero point))): x
+    quantized once per stage, the gather in uint8. The zero padding stays exact (padding with the
+    zero point is padding with 0). Returns how many quantized gathers were rewritten."""
+    from onnx import helper
+
+    graph = model.graph
+    producer, _ = _graph_maps(graph)
+
+    def root(name):
+        node = producer.get(name)
+        while node is not None and node.op_type == "Slice":
+            node = producer.get(node.input[0])
+        return node
+
+    after: dict[int, list] = {}
+    dropped, quantized_pads, uint8_twins = set(), {}, {}
+
+    def twin(name, pad):
+        """The uint8 copy of the Slice chain that makes `name` from `pad`'s output."""
+        if name == pad.output[0]:
+            return quantized_pads[id(pad)][0]
+        if name not in uint8_twins:
+            node = producer[name]
+            source = twin(node.input[0], pad)
+            uint8_twins[name] = f"{name}/u8"
+            after.setdefault(id(node), []).append(
+                helper.make_node("Slice", [source, *node.input[1:]], [uint8_twins[name]], name=f"{node.name or name}/u8"))
+        return uint8_twins[name]
+
+    count = 0
+    for quantize in [n for n in graph.node if n.op_type == "DynamicQuantizeLinear"]:
+        concat = producer.get(quantize.input[0])
+        if concat is None or concat.op_type != "Concat":
+            continue
+        if any(producer.get(name) is None or producer[name].op_type != "Slice" for name in concat.input):
+            continue
+        roots = {id(root(name)): root(name) for name in concat.input}
+        pad = next(iter(roots.values()))
+        if len(roots) != 1 or pad is None or pad.op_type != "Pad" or len(pad.input) > 2 and pad.input[2]:
+            continue  # a Pad with its own constant value is not the zero padding this relies on
+        if id(pad) not in quantized_pads:
+            base = f"{pad.name or pad.output[0]}/u8"
+            after.setdefault(id(pad), []).extend([
+                helper.make_node("DynamicQuantizeLinear", [pad.input[0]], [f"{base}/x", f"{base}/scale", f"{base}/zero"],
+                                 name=f"{base}/quantize"),
+                helper.make_node("Pad", [f"{base}/x", pad.input[1], f"{base}/zero", *pad.input[3:4]], [base],
+                                 name=base, **{a.name: helper.get_attribute_value(a) for a in pad.attribute})])
+            quantized_pads[id(pad)] = (base, f"{base}/scale", f"{base}/zero")
+        _, scale, zero = quantized_pads[id(pad)]
+        parts = [twin(name, pad) for name in concat.input]
+        axis = [a.i for a in concat.attribute if a.name == "axis"][0]
+        after.setdefault(id(quantize), []).extend([
+            helper.make_node("Concat", parts, [quantize.output[0]], name=f"{concat.name or concat.output[0]}/u8", axis=axis),
+            helper.make_node("Identity", [scale], [quantize.output[1]], name=f"{quantize.output[1]}/shared"),
+            helper.make_node("Identity", [zero], [quantize.output[2]], name=f"{quantize.output[2]}/shared")])
+        dropped.update((id(quantize), id(concat)))
+        count += 1
+    nodes = []
+    for node in graph.node:
+        if id(node) not in dropped:
+            nodes.append(node)
+        nodes.extend(after.get(id(node), []))
+    while True:  # the float Slices / Pads nothing reads any more
+        read = {name for node in nodes for name in node.input} | {out.name for out in graph.output}
+        kept = [n for n in nodes if not (n.op_type in ("Slice", "Pad") and n.output[0] not in read)]
+        if len(kept) == len(nodes):
+            break
+        nodes = kept
+    del graph.node[:]
+    graph.node.extend(nodes)
+    _drop_unused_initializers(graph)
+    return count
+
+
+def _drop_unused_initializers(graph) -> None:
+    read = {name for node in graph.node for name in node.input}
+    kept = [t for t in graph.initializer if t.name in read]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
