@@ -159,7 +159,9 @@ def audit_figure(args) -> int:
                         for kind in CORRUPTIONS)
         print(f"seed {seed}: planted {len(planted)} errors in {len(ranking)} people; audit top-{len(planted)} recall "
               f"{found:.2f} ({top}; ranks {ranks}); random ranking {chance:.2f}", flush=True)
-    print(f"mean over seeds {list(args.seeds)}: audit {np.mean(recalls):.2f}, random {np.mean(chances):.2f}")
+    print(f"over seeds {list(args.seeds)}: audit mean {np.mean(recalls):.3f} (sd {np.std(recalls, ddof=min(1, len(recalls) - 1)):.3f}, "
+          f"{min(recalls):.1f}-{max(recalls):.1f}, at least 0.8 on {sum(r >= 0.8 - 1e-9 for r in recalls)} of "
+          f"{len(recalls)}), random {np.mean(chances):.3f}")
     return 0
 
 

@@ -239,6 +239,61 @@ def test_the_checks_find_planted_errors_against_a_stand_in_model(tmp_path):
     assert all(any("labelled not visible" in r or "labelled visible" in r for r in row["reasons"]) for row in flips)
 
 
+def _with_model_errors(labels, lines, seed=1, missed=0.1, mirrored=3):
+    """The stand-in model made wrong the way the trained demo is: on a share of the people it
+    misses three keypoints by as much as a shifted label (20 % of the box), and it mirrors a few
+    people whose left/right order their labels make plausible (face labelled visible)."""
+    rng = np.random.default_rng(seed)
+    people = [(image, m) for image in labels for m in range(len(image.annotation_ids))
+              if (image.keypoints[m][:, 2] > 0).sum() >= 8]
+    chosen = rng.permutation(len(people))
+    facing_camera = [i for i in chosen if people[i][0].keypoints[people[i][1]][0, 2] == 2]
+    mirror = set(facing_camera[:mirrored])
+    for i in chosen[:round(missed * len(people))]:
+        image, m = people[i]
+        if i in mirror:
+            continue
+        box, predicted = image.boxes[m], np.asarray(lines[image.file_name]["predicted"][m])
+        for k in rng.choice(np.flatnonzero(image.keypoints[m][:, 2] > 0), 3, replace=False):
+            angle = rng.uniform(0, 2 * np.pi)
+            predicted[k] += 0.2 * np.array([box[2] * np.cos(angle), box[3] * np.sin(angle)])
+        lines[image.file_name]["predicted"][m] = predicted.tolist()
+    for i in mirror:
+        image, m = people[i]
+        predicted = np.asarray(lines[image.file_name]["predicted"][m])
+        lines[image.file_name]["predicted"][m] = predicted[list(COCO.flip_indices)].tolist()
+    return lines, {people[i][0].annotation_ids[people[i][1]] for i in mirror}
+
+
+def test_the_label_priors_find_shifts_the_model_misses_and_spare_people_it_mirrors(tmp_path):
+    """Where the model misses people by as much as a shift, the far check cannot tell a shifted
+    label from the model's slip: the bones check (each link's length for its box against the
+    file's) can. Where the model mirrors a person whose label puts left and right the usual way
+    for how it is labelled (the face visible), the swap check is discounted (the facing prior
+    learnt from the file). Here: 6 of the 7 planted errors in the top 7; without the facing prior 3
+    (the three mirrored people take three places), without the bones check 5."""
+    from benchmarks.labelling_loop import corrupt_coco, random_recall, top_k_recall
+    from vitpose.labelling.audit import ranked, read_labels
+
+    root = tmp_path / "set"
+    make_coco(root, num_images=80, seed=11, split="val")
+    clean = root / "annotations/person_keypoints_val2017.json"
+    lines, mirrored = _with_model_errors(read_labels(clean, 17), _stand_in_predictions(read_labels(clean, 17)))
+    corrupted = tmp_path / "corrupted.json"
+    planted = corrupt_coco(clean, corrupted, COCO.flip_indices, fraction=0.05, seed=0)
+    rows = ranked(read_labels(corrupted, 17), lines, COCO)
+    ranking = [row["annotation_id"] for row in rows]
+    k = len(planted)
+    found = [planted[i] for i in ranking[:k] if i in planted]
+    assert top_k_recall(ranking, planted) >= 0.8, (found, planted)
+    assert top_k_recall(ranking, planted) >= 5 * random_recall(ranking, planted)
+    assert not mirrored & set(ranking[:k]) - set(planted)
+    shifts = [row for row in rows[:k] if planted.get(row["annotation_id"]) == "shift"]
+    assert shifts and all(any("its usual length" in r for r in row["reasons"]) for row in shifts)
+    honest_mirrored = [row for row in rows if row["annotation_id"] in mirrored - set(planted)]
+    assert all(any("the model may have mirrored" in r for r in row["reasons"]) for row in honest_mirrored)
+
+
 # ---------------------------------------------------------------------------------------------
 # select's choice
 
@@ -383,10 +438,11 @@ def trained_demo(tmp_path_factory):
 @pytest.mark.slow
 def test_audit_finds_planted_errors_with_a_trained_model(tmp_path, trained_demo, capsys):
     """5 % of the validation people corrupted (benchmarks/labelling_loop.py, seed 0): all three
-    kinds, visibility flips included, are in audit's top k (k = the number corrupted), far above a
-    random ranking. The bounds are what held on every one of 10 corruption seeds with this model
-    (BENCHMARKS.md: top-k recall 0.5-0.8, top-2k 0.8-1.0); the issue's 80 % in the top k is not
-    required, as it held on 3 of the 10 (seed 0 among them: 0.8)."""
+    kinds are in audit's top k (k = the number corrupted), far above a random ranking. With this
+    model (BENCHMARKS.md, 30 corruption seeds): top-k recall 0.6-0.9, mean 0.80; seed 0: 0.8 (4
+    swaps, 1 shift, 3 flips), top-2k 1.0. The bounds held on 30 of 30 seeds (top-k >= 0.6, 3 swaps
+    and a shift, 8x random), 29 (top-2k >= 0.8) and 28 (a flip); the issue's 80 % is required of
+    the mean over seeds (BENCHMARKS.md), not of one seed here."""
     from benchmarks.labelling_loop import corrupt_coco, random_recall, top_k_recall
 
     model, root = trained_demo
@@ -401,8 +457,8 @@ def test_audit_finds_planted_errors_with_a_trained_model(tmp_path, trained_demo,
     in_2k = [planted[i] for i in ranking[:2 * k] if i in planted]
     print(f"top-{k} recall {top_k_recall(ranking, planted):.2f} ({found}), top-{2 * k} {len(in_2k) / k:.2f}, "
           f"random {random_recall(ranking, planted):.2f}")
-    assert top_k_recall(ranking, planted) >= 0.5, (found, planted)
-    assert found.count("visibility") >= 1 and found.count("swap") >= 3, found
+    assert top_k_recall(ranking, planted) >= 0.6, (found, planted)
+    assert found.count("visibility") >= 1 and found.count("swap") >= 3 and found.count("shift") >= 1, found
     assert len(in_2k) >= 0.8 * k, in_2k
     assert top_k_recall(ranking, planted) >= 8 * random_recall(ranking, planted)
 

@@ -15,10 +15,25 @@ Checks, each a score in [0, 1] with its reason:
 - **swap**: left and right exchanged. The label with its left/right names exchanged by the
   skeleton's flip pairs against the label as it is: trust-weighted mean similarity
   exp(-(r / 2m)^2 / 2) with the prediction, over the labelled pairs. A gain of the exchanged
-  label over 0.1 is the tell-tale of a mirrored labelling.
+  label over 0.1 is the tell-tale of a mirrored labelling, or of a model that mirrored the person:
+  so the check is scaled by min(1, 2 q), q the file's own P that the label is the mirrored one
+  (`facing_probabilities`): unchanged where the file cannot tell (q >= 0.5), down to 0 where the
+  label's left/right order is the usual one for a person labelled like this.
+- **facing**: left and right exchanged, by the label alone: q above `FACING_ALONE` (0.95; 1 at q = 1).
+  q comes from a small classifier, fitted out of fold on the file's other people, of which side of
+  the image a person's left is labelled on (`facing_side`) given which keypoints are labelled
+  visible (`facing_features`: a face labelled visible means the person faces the camera, their
+  left on the image's right); q compares the label as it is with the label exchanged.
 - **far**: a keypoint far from a trusted prediction: trust x (1 - exp(-max(r / m - 1, 0)^2 / 8))
   (0 within the type's median error, ~0.4 at 3x, ~0.9 at 5x); the instance takes the mean of its
   three worst keypoints (one keypoint far off is as often the model's own slip as the label's).
+  Where the swap check fired, against the prediction with left and right exchanged (the swap check
+  has said that much; far then says whether the keypoints are right otherwise).
+- **bones**: the label's own shape, whatever the model says: each skeleton link's length over the
+  box's size sqrt(w h) against the same link over the file's people (log length, median and
+  1.4826 x MAD: `bone_statistics`), z in spreads; the mean z of the `BONES_WORST` (2) worst links,
+  0 up to z = `BONES_Z` (3), 1 from z + `BONES_Z_SPAN` (6). A keypoint put in the wrong place
+  stretches or shrinks the links it ends; a model that misses a person does not change them.
 - **visibility**: the flags are unlikely given what the model sees, learnt from the file itself
   (confident learning): a small logistic classifier of hidden (v=1) against visible (v=2) on
   each labelled keypoint's `visibility_features` (its score against its type and its person, how
@@ -51,6 +66,7 @@ __all__ = ["Calibration", "LabelledImage", "audit_instance", "audit_annotations"
 
 SWAP_MARGIN = 0.1  # the similarity gain of the exchanged label that starts to count as a swap
 FAR_WORST = 3  # the far check is the mean of this many worst keypoints (one is often the model's own slip)
+FACING_ALONE = 0.95  # the facing check: the file's P that a label is mirrored above which it counts by itself
 VISIBILITY_Z, VISIBILITY_Z_SPAN = 2.0, 4.0  # the visibility check: 0 up to z = 2, 1 from z = 6 (`flag_surprise`)
 
 
@@ -202,11 +218,113 @@ def flag_surprise(v: np.ndarray, p_hidden: np.ndarray) -> tuple[float, np.ndarra
     return excess / math.sqrt(max(float((variance * labelled).sum()), 1e-6)), surprise
 
 
+# ---------------------------------------------------------------------------------------------
+# Bones, learnt from the file: how long each link of the skeleton usually is for its box
+
+BONES_Z, BONES_Z_SPAN = 3.0, 6.0  # the bones check: 0 up to z = 3, 1 from z = 9
+BONES_WORST = 2  # the bones check is the mean z of this many worst links (a misplaced point bends two)
+
+
+def bone_lengths(label: np.ndarray, bbox, links) -> np.ndarray:
+    """(L,) log of each skeleton link's length over the box's size sqrt(w h); NaN where an end
+    is not labelled."""
+    label = np.asarray(label, np.float64)
+    a, b = np.asarray(links, int).reshape(-1, 2).T
+    length = np.hypot(*(label[a, :2] - label[b, :2]).T) / math.sqrt(max(float(bbox[2] * bbox[3]), 1.0))
+    return np.where((label[a, 2] > 0) & (label[b, 2] > 0), np.log(length + 1e-3), np.nan)
+
+
+def bone_statistics(labels: list[LabelledImage], skeleton) -> tuple[np.ndarray, np.ndarray] | None:
+    """Each link's median log length (over the box's size) and its robust spread (1.4826 x the
+    median absolute deviation) over the file's people: robust to the few wrong labels being
+    looked for. None without links or with fewer than 20 people."""
+    links = np.asarray(skeleton.skeleton, int).reshape(-1, 2)
+    lengths = [bone_lengths(image.keypoints[m], image.boxes[m], links)
+               for image in labels for m in range(len(image.annotation_ids))]
+    if not len(links) or len(lengths) < 20:
+        return None
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a link never labelled: NaN, no opinion
+        median = np.nanmedian(lengths, 0)
+        spread = 1.4826 * np.nanmedian(np.abs(np.asarray(lengths) - median), 0)
+    return median, np.where(np.isfinite(spread), np.maximum(spread, 0.02), np.nan)
+
+
+# ---------------------------------------------------------------------------------------------
+# Facing, learnt from the file: which way round left and right lie for a person labelled like this
+
+FACING_FOLDS = 5
+FACING_MIN_PEOPLE = 10  # on each side (left on the image's left / right) before the file can teach anything
+
+
+def facing_side(label: np.ndarray, bbox, flip) -> float:
+    """Which side of the image the label puts the person's left on: the mean over the labelled
+    flip pairs of (x of the left-named point - x of its partner) over the box's size sqrt(w h)
+    (the sign depends on which name of a pair is called left; the classifier learns either)."""
+    flip = np.asarray(flip)
+    first = np.flatnonzero((np.arange(len(flip)) < flip) & (label[:, 2] > 0) & (label[flip, 2] > 0))
+    if not len(first):
+        return 0.0
+    return float((label[first, 0] - label[flip[first], 0]).mean() / math.sqrt(max(float(bbox[2] * bbox[3]), 1.0)))
+
+
+def facing_features(v: np.ndarray) -> np.ndarray:
+    """(2K,) the label's flags: each keypoint labelled visible (v=2), labelled not visible (v=1)."""
+    return np.concatenate([(v == 2), (v == 1)]).astype(np.float64)
+
+
+def facing_probabilities(labels: list[LabelledImage], skeleton) -> dict | None:
+    """{(file_name, person index): (P(the label as it is), P(the label with left and right
+    exchanged))} from the label alone, out of fold: a small classifier (`fit_logistic`) of the
+    side the label puts the person's left on (`facing_side`) given its flags (`facing_features`:
+    which keypoints are labelled visible tells which way the person faces, e.g. a face labelled
+    visible), fitted on the other folds' people. Where the two are close the file cannot tell;
+    where the exchanged label is far likelier, the label is mirrored for a person labelled like
+    this. None when the file has fewer than `FACING_MIN_PEOPLE` people on either side, or a
+    skeleton without flip pairs."""
+    flip = np.asarray(skeleton.flip_indices)
+    if not (flip != np.arange(len(flip))).any():
+        return None
+    keys, sides, features, exchanged = [], [], [], []
+    for image in labels:
+        for m in range(len(image.annotation_ids)):
+            label = np.asarray(image.keypoints[m], np.float64)
+            keys.append((image.file_name, m))
+            sides.append(facing_side(label, image.boxes[m], flip))
+            features.append(facing_features(label[:, 2]))
+            exchanged.append(facing_features(label[flip, 2]))
+    sides, x, x_exchanged = np.asarray(sides), np.asarray(features), np.asarray(exchanged)
+    typical = float(np.median(np.abs(sides[sides != 0]))) if (sides != 0).any() else 0.0
+    decided = np.abs(sides) > 0.25 * typical  # a person seen side on teaches nothing
+    if min((decided & (sides > 0)).sum(), (decided & (sides < 0)).sum()) < FACING_MIN_PEOPLE:
+        return None
+    fold = np.arange(len(keys)) % FACING_FOLDS
+    out = {}
+    for f in range(FACING_FOLDS):
+        train, test = decided & (fold != f), np.flatnonzero(fold == f)
+        if not len(test):
+            continue
+        weights = fit_logistic(x[train], (sides[train] > 0).astype(np.float64))
+        right_as_is, right_exchanged = logistic(weights, x[test]), logistic(weights, x_exchanged[test])
+        for i, p, q in zip(test, right_as_is, right_exchanged):
+            if not decided[i]:
+                out[keys[i]] = (0.5, 0.5)
+            elif sides[i] > 0:  # the exchanged label puts the left on the other side
+                out[keys[i]] = (float(p), float(1 - q))
+            else:
+                out[keys[i]] = (float(1 - p), float(q))
+    return out
+
+
 def audit_instance(label: np.ndarray, bbox, predicted, scores, views_apart, skeleton,
-                   calibration: Calibration, p_hidden=None) -> tuple[dict, list, list]:
+                   calibration: Calibration, p_hidden=None, facing=None, bones=None) -> tuple[dict, list, list]:
     """The checks of one label (K, 3) (x, y, v) with box [x, y, w, h] against the prediction (K, 2),
     its scores (K,) and views_apart (K,), and each keypoint's P(hidden) (K,) learnt from the file
-    (`hidden_probabilities`; None: the fixed score rule): (checks, reasons, keypoints that raised one)."""
+    (`hidden_probabilities`; None: the fixed score rule), the label's facing (P as it is, P exchanged:
+    `facing_probabilities`; None: no opinion) and the file's `bone_statistics` (None: no bones
+    check): (checks, reasons, keypoints that raised one)."""
     names = skeleton.keypoint_names
     flip = np.asarray(skeleton.flip_indices)
     v = np.asarray(label[:, 2])
@@ -222,6 +340,11 @@ def audit_instance(label: np.ndarray, bbox, predicted, scores, views_apart, skel
     pairs = labelled & labelled[flip] & (flip != np.arange(len(flip)))
     weight = np.minimum(trust, trust[flip]) * pairs
     checks["swap"] = 0.0
+    mirrored = ""  # the far check judges the keypoints, not the left/right order the swap check judges
+    plausible = 0.5  # the label-only P that the label is mirrored (`facing_probabilities`; 0.5: no opinion)
+    if facing is not None:
+        as_is, exchanged_p = facing
+        plausible = exchanged_p / max(as_is + exchanged_p, 1e-9)
     if weight.sum() > 0:
         exchanged = np.concatenate([label[flip, :2], label[:, 2:]], 1)
         r_exchanged = _errors(exchanged, bbox, predicted)
@@ -229,9 +352,20 @@ def audit_instance(label: np.ndarray, bbox, predicted, scores, views_apart, skel
         swapped = float((np.exp(-(r_exchanged / (2 * typical)) ** 2 / 2) * weight).sum() / weight.sum())
         gain = swapped - as_is
         if gain > SWAP_MARGIN:
-            checks["swap"] = float(np.clip((gain - SWAP_MARGIN) / 0.3 + 0.5, 0, 1))
+            model_says = float(np.clip((gain - SWAP_MARGIN) / 0.3 + 0.5, 0, 1))
+            checks["swap"] = model_says * min(1.0, 2 * plausible)
             reasons.append(f"left/right swapped? the label fits the prediction {as_is:.2f}, {swapped:.2f} with "
                            f"left and right exchanged")
+            if plausible < 0.5:
+                reasons.append(f"but the label's left/right order is the usual one for a person labelled like this "
+                               f"(P {1 - plausible:.2f} against {plausible:.2f} exchanged, learnt from the file): the "
+                               f"model may have mirrored the person")
+            r = _errors(label, bbox, np.asarray(predicted, np.float64)[flip])
+            mirrored = " with left and right exchanged"
+    if facing is not None and plausible > FACING_ALONE:
+        checks["facing"] = float(np.clip((plausible - FACING_ALONE) / (1 - FACING_ALONE), 0, 1))
+        reasons.append(f"left/right swapped? for a person labelled like this the file puts left and right the "
+                       f"other way round (P {plausible:.2f}; learnt from the file's other people)")
 
     # far: a keypoint far from a trusted prediction, in units of its type's median error
     far = trust * (1.0 - np.exp(-np.maximum(r / typical - 1.0, 0.0) ** 2 / 8))
@@ -239,7 +373,7 @@ def audit_instance(label: np.ndarray, bbox, predicted, scores, views_apart, skel
     for k in np.argsort(-far)[:3]:
         if far[k] >= 0.3:
             flagged.append((names[k], "far", round(float(far[k]), 3)))
-            reasons.append(f"{names[k]} is {r[k]:.0%} of the box from the prediction, {r[k] / typical[k]:.1f}x the "
+            reasons.append(f"{names[k]} is {r[k]:.0%} of the box from the prediction{mirrored}, {r[k] / typical[k]:.1f}x the "
                            f"usual error of a {names[k]} (score {scores[k]:.2f})")
 
     # visibility: the flags against what the model sees
@@ -264,6 +398,24 @@ def audit_instance(label: np.ndarray, bbox, predicted, scores, views_apart, skel
                 "labelled visible, the model barely finds it"
             flagged.append((names[k], "visibility", round(float(scores[k]), 3)))
             reasons.append(f"{names[k]}: {what} (score {scores[k]:.2f})")
+
+    # bones: links of the label much longer or shorter than the file's same links, for the box
+    if bones is not None:
+        links = np.asarray(skeleton.skeleton, int).reshape(-1, 2)
+        median, spread = bones
+        z = np.nan_to_num(np.abs(bone_lengths(label, bbox, links) - median) / spread, nan=0.0)
+        worst = np.argsort(-z)[:BONES_WORST]
+        checks["bones"] = float(np.clip((z[worst].mean() - BONES_Z) / BONES_Z_SPAN, 0, 1)) if len(z) else 0.0
+        if checks["bones"] > 0:
+            for j in worst:
+                if z[j] < BONES_Z:
+                    break
+                a, b = links[j]
+                ratio = math.exp(float(bone_lengths(label, bbox, links)[j] - median[j]))
+                flagged.append((names[b] if len(worst) > 1 and b in links[worst[worst != j]] else names[a], "bones",
+                                round(float(z[j]), 3)))
+                reasons.append(f"{names[a]}-{names[b]} is {ratio:.1f}x its usual length for the box in this file "
+                               f"({z[j]:.1f} spreads off)")
 
     # box: labelled keypoints outside the box
     checks["box"] = 0.0
@@ -399,13 +551,16 @@ def ranked(labels: list[LabelledImage], lines: dict, skeleton) -> list[dict]:
     first (ties: the larger sum of checks, then file order): rows of annotation_id, image, suspicion, checks, reasons, keypoints."""
     calibration = calibrate(labels, lines)
     hidden = hidden_probabilities(labels, lines, calibration)
+    facing = facing_probabilities(labels, skeleton)
+    bones = bone_statistics(labels, skeleton)
     rows = []
     for image in labels:
         line = lines[image.file_name]
         for m, annotation_id in enumerate(image.annotation_ids):
             checks, reasons, flagged = audit_instance(image.keypoints[m], image.boxes[m], line["predicted"][m],
                                                       line["scores"][m], line["views_apart"][m], skeleton,
-                                                      calibration, None if hidden is None else hidden[image.file_name, m])
+                                                      calibration, None if hidden is None else hidden[image.file_name, m],
+                                                      None if facing is None else facing[image.file_name, m], bones)
             rows.append({"annotation_id": annotation_id, "image": image.file_name,
                          "suspicion": round(suspicion(checks), 4), "checks": checks, "reasons": reasons,
                          "keypoints": flagged})
