@@ -96,12 +96,13 @@ def _run(path, x):
 
 
 @needs_layout
-def test_attention_is_rewritten_to_three_d_in_every_block(laid_out_files):
+def test_attention_is_rewritten_to_three_d_in_every_block_and_keeps_the_numbers(laid_out_files):
     model, laid_out, _ = laid_out_files
     nodes = onnx.load(str(laid_out)).graph.node
-    attention = [n for n in nodes if n.op_type == "Attention"]
+    assert not [n for n in nodes if n.op_type == "Attention"]
+    attention = [n for n in nodes if n.op_type == "MultiHeadAttention" and n.domain == "com.microsoft"]
     assert len(attention) == 2
-    assert all({a.name: a.i for a in n.attribute}.get("q_num_heads") == 3 for n in attention)
+    assert all({a.name: a.i for a in n.attribute}.get("num_heads") == 3 for n in attention)
     assert not [n for n in nodes if n.op_type in ("ConvTranspose", "Transpose") and
                 [list(a.ints) for a in n.attribute if a.name == "perm"] == [[2, 0, 3, 1, 4]]]
     facts = json.loads({p.key: p.value for p in onnx.load(str(laid_out), load_external_data=False).metadata_props}

@@ -6,11 +6,15 @@
 
 The steps (`vitpose.inference.export.to_int8_onnx`):
 1. the fp32 graph, written and gated as `vitpose.inference.export.to_onnx` writes it (equal to PyTorch);
+   for "dynamic", laid out for the integer kernels (`vitpose.inference.int8_graph`: the head's
+   transposed convolutions as matrix products, attention without Transposes) where onnxruntime
+   runs opset 23;
 2. ONNX Runtime's quantization of it (`quantize_onnx`): "static" (QDQ, int8 weights per output
    channel and uint8 activations whose ranges are calibrated (MinMax) on the crops of the images the
    user names, `--calibration DIR|COCO.json`: a COCO keypoint file gives its people's crops, a folder
    of images its whole images) or "dynamic" (the default: int8 weights of the matrix products, the
-   activations' ranges taken at run time; no calibration);
+   activations' ranges taken at run time; no calibration; MatMuls only, since ONNX Runtime's
+   integer Conv ran slower than its float one; then `int8_graph.quantized_gather`);
 3. the AP gate (`int8_gate`): the held-out set (a COCO keypoint set, the calibration images taken
    out of it) predicted with its ground-truth boxes and the flip test by the PyTorch model at fp32
    and by the int8 file, the same crops and decode, scored by `CocoEvaluator`; the AP difference
@@ -28,7 +32,9 @@ pairs around the ops it cannot fuse (softmax, layer norm, GELU), which costs mor
 run-time quantization per matrix product. Both passed the gate on the demo model (dynamic +0.0008
 [-0.0007, +0.0019], static +0.0014 [-0.0007, +0.0038]). On an AVX2-only AMD EPYC (no VNNI, 2
 threads, quiet machine, BENCHMARKS.md "int8 on an AVX2-only CPU") the order is the same: dynamic
-1.48x MMPose, static 1.23x; gate dynamic -0.0011 [-0.0021, +0.0007], static +0.0012 [-0.0010, +0.0030].
+1.48x MMPose, static 1.23x; gate dynamic -0.0011 [-0.0021, +0.0007], static +0.0012 [-0.0010, +0.0030];
+with the int8 layout dynamic ran 2.04x [1.63-2.17] MMPose there, gate -0.0001 [-0.0011, +0.0022]
+(BENCHMARKS.md "int8 dynamic with its own graph layout").
 Static stays for users who name their calibration images (`--calibration` implies it) or whose
 runtime prefers QDQ graphs.
 """
@@ -336,12 +342,12 @@ def quantize_onnx(fp32_path, out_path, quantization: str = "static", calibration
 
     with tempfile.TemporaryDirectory(prefix="vitpose-int8-") as tmp:
         prepared = Path(tmp) / "prepared.onnx"
-        # ONNX's own Attention (opset 23, vitpose.inference.int8_graph's layout) is mistaken for
-        # onnxruntime's contrib Attention by its symbolic shape inference (an assertion on the bias
-        # shape) and by its quantizer (a QAttention that does not load), so such a graph skips the
-        # symbolic pass and quantizes only its MatMuls
-        layout = any(node.op_type == "Attention" and node.domain in ("", "ai.onnx")
-                     for node in onnx.load(str(fp32_path), load_external_data=False).graph.node)
+        # An opset-23 graph (vitpose.inference.int8_graph's layout, or ONNX's own Attention) skips the
+        # symbolic shape pass: it mistakes ONNX's Attention for onnxruntime's contrib Attention (an
+        # assertion on the bias shape), as the quantizer does (a QAttention that does not load),
+        # which the MatMul-only quantization below leaves alone
+        layout = any(opset.domain in ("", "ai.onnx") and opset.version >= 23
+                     for opset in onnx.load(str(fp32_path), load_external_data=False).opset_import)
         # shape inference and graph folding first: the quantizer needs the shapes of the activations
         with contextlib.redirect_stdout(None):
             quant_pre_process(str(fp32_path), str(prepared), skip_symbolic_shape=layout)
