@@ -219,16 +219,9 @@ def test_the_checks_find_planted_errors_against_a_stand_in_model(tmp_path):
     people, swaps, shifts, four visibility flags flipped), the model replaced by the ground truth
     plus noise (`_stand_in_predictions`): a test of the checks, fast enough for every run. The
     model's part is `test_audit_finds_planted_errors_with_a_trained_model` (slow)."""
-    from benchmarks.labelling_loop import corrupt_coco, random_recall, top_k_recall
-    from vitpose.labelling.audit import ranked, read_labels
+    from benchmarks.labelling_loop import random_recall, top_k_recall
 
-    root = tmp_path / "set"
-    make_coco(root, num_images=80, seed=11, split="val")
-    clean = root / "annotations/person_keypoints_val2017.json"
-    lines = _stand_in_predictions(read_labels(clean, 17))
-    corrupted = tmp_path / "corrupted.json"
-    planted = corrupt_coco(clean, corrupted, COCO.flip_indices, fraction=0.05, seed=0)
-    rows = ranked(read_labels(corrupted, 17), lines, COCO)
+    rows, planted, _ = _ranked_planted_set(tmp_path)
     ranking = [row["annotation_id"] for row in rows]
     k = len(planted)
     found = [planted[i] for i in ranking[:k] if i in planted]
@@ -237,6 +230,24 @@ def test_the_checks_find_planted_errors_against_a_stand_in_model(tmp_path):
     assert top_k_recall(ranking, planted) >= 5 * random_recall(ranking, planted)
     flips = [row for row in rows[:k] if planted.get(row["annotation_id"]) == "visibility"]
     assert all(any("labelled not visible" in r or "labelled visible" in r for r in row["reasons"]) for row in flips)
+
+
+def _ranked_planted_set(tmp_path, model_errors=False):
+    """An 80-image synthetic set with 5 % of its people corrupted (`corrupt_coco`, seed 0), ranked by
+    the audit against the stand-in model (`_with_model_errors` when `model_errors`): (rows, the
+    planted errors {annotation_id: kind}, the people the stand-in mirrored)."""
+    from benchmarks.labelling_loop import corrupt_coco
+    from vitpose.labelling.audit import ranked, read_labels
+
+    root = tmp_path / "set"
+    make_coco(root, num_images=80, seed=11, split="val")
+    clean = root / "annotations/person_keypoints_val2017.json"
+    lines, mirrored = _stand_in_predictions(read_labels(clean, 17)), set()
+    if model_errors:
+        lines, mirrored = _with_model_errors(read_labels(clean, 17), lines)
+    corrupted = tmp_path / "corrupted.json"
+    planted = corrupt_coco(clean, corrupted, COCO.flip_indices, fraction=0.05, seed=0)
+    return ranked(read_labels(corrupted, 17), lines, COCO), planted, mirrored
 
 
 def _with_model_errors(labels, lines, seed=1, missed=0.1, mirrored=3):
@@ -272,16 +283,9 @@ def test_the_label_priors_find_shifts_the_model_misses_and_spare_people_it_mirro
     for how it is labelled (the face visible), the swap check is discounted (the facing prior
     learnt from the file). Here: 6 of the 7 planted errors in the top 7; without the facing prior 3
     (the three mirrored people take three places), without the bones check 5."""
-    from benchmarks.labelling_loop import corrupt_coco, random_recall, top_k_recall
-    from vitpose.labelling.audit import ranked, read_labels
+    from benchmarks.labelling_loop import random_recall, top_k_recall
 
-    root = tmp_path / "set"
-    make_coco(root, num_images=80, seed=11, split="val")
-    clean = root / "annotations/person_keypoints_val2017.json"
-    lines, mirrored = _with_model_errors(read_labels(clean, 17), _stand_in_predictions(read_labels(clean, 17)))
-    corrupted = tmp_path / "corrupted.json"
-    planted = corrupt_coco(clean, corrupted, COCO.flip_indices, fraction=0.05, seed=0)
-    rows = ranked(read_labels(corrupted, 17), lines, COCO)
+    rows, planted, mirrored = _ranked_planted_set(tmp_path, model_errors=True)
     ranking = [row["annotation_id"] for row in rows]
     k = len(planted)
     found = [planted[i] for i in ranking[:k] if i in planted]
