@@ -67,6 +67,22 @@ def test_predict_device_cuda_with_an_onnx_file_exits_2_in_one_line(tiny_onnx, mo
     assert not (tmp_path / "out.json").exists()
 
 
+def test_a_file_onnxruntime_cannot_load_is_one_line_naming_it(tmp_path, capsys, coco_mini_dir):
+    from vitpose.cli import main
+    from vitpose.inference.onnx import OnnxLoadError
+
+    damaged = tmp_path / "damaged.onnx"
+    damaged.write_bytes(b"\x08\x07 not a protobuf of a model")
+    with pytest.raises(OnnxLoadError, match=r"damaged\.onnx: onnxruntime .* cannot load it .*export it again"):
+        OnnxPredictor(damaged)
+    image = next(coco_mini_dir.glob("*.jpg"))
+    code = main(["predict", str(image), "--model", str(damaged), "--detector", "full-frame",
+                 "--json", str(tmp_path / "out.json")])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "damaged.onnx" in lines[0] and "Traceback" not in lines[0], lines
+    assert not (tmp_path / "out.json").exists()
+
+
 # ---- int8: ONNX Runtime quantization, written only after the AP gate ----------------------------
 
 def peaked_model_and_set(folder: Path, images: int = 48, steps: int = 120):

@@ -34,8 +34,8 @@ from vitpose.inference.pipeline import TopDown
 from vitpose.inference.results import StageTimer
 from vitpose.models.spec import METADATA_KEY, ModelSpec, SpecError, check_flip_indices
 
-__all__ = ["ExportedModelError", "OnnxMetadataError", "OnnxPredictor", "OpenVinoPredictor", "ProviderError",
-           "check_onnx_device", "check_providers", "exported_device", "is_exported", "is_openvino", "load_exported",
+__all__ = ["ExportedModelError", "OnnxLoadError", "OnnxMetadataError", "OnnxPredictor", "OpenVinoPredictor",
+           "ProviderError", "check_onnx_device", "check_providers", "exported_device", "is_exported", "is_openvino", "load_exported",
            "openvino_device", "openvino_xml"]
 
 EXTRA_HINT = 'pip install onnxruntime (or pip install "vitpose[export]")'
@@ -44,6 +44,11 @@ EXPORT_KEY = "vitpose.export"  # vitpose.inference.export.EXPORT_KEY (that modul
 
 class OnnxMetadataError(SpecError):
     """An ONNX file's vitpose metadata that cannot be used (names the file and the key)."""
+
+
+class OnnxLoadError(UserError, RuntimeError):
+    """onnxruntime cannot load the file (not ONNX, damaged, or operators this onnxruntime lacks, e.g.
+    an int8 file's opset 23 on onnxruntime < 1.23): one line naming the file and the fix."""
 
 
 class ProviderError(UserError, RuntimeError):
@@ -172,7 +177,13 @@ class OnnxPredictor(TopDown):
             options.intra_op_num_threads = int(threads)
         providers = list(providers or ["CPUExecutionProvider"])
         check_providers(ort, providers)  # before the work: never a silent CPU run of a GPU request
-        self.session = ort.InferenceSession(str(path), options, providers=providers)
+        try:
+            self.session = ort.InferenceSession(str(path), options, providers=providers)
+        except Exception as e:  # onnxruntime's own exception classes (InvalidProtobuf, InvalidGraph, Fail, ...)
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            raise OnnxLoadError(f"{path}: onnxruntime {ort.__version__} cannot load it ({first}); an int8 file of "
+                                f"vitpose export --precision int8 needs onnxruntime >= 1.23 (pip install -U "
+                                f"onnxruntime), any other file: export it again with vitpose export") from None
         check_providers(ort, providers, self.session)
         self.metadata = dict(self.session.get_modelmeta().custom_metadata_map)
 
