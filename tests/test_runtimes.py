@@ -310,6 +310,10 @@ def test_int8_flags_are_checked_before_the_work(tmp_path, capsys):
     assert code == 2 and "give --gate-data" in err and len(err.strip().splitlines()) == 1
     code = main(["export", "--model", str(weights), "--out", str(tmp_path / "x.onnx"), "--calibration", str(tmp_path)])
     assert code == 2 and "add --precision int8" in capsys.readouterr().err
+    code = main(["export", "--model", str(weights), "--out", str(tmp_path / "x.onnx"), "--precision", "int8",
+                 "--opset", "17", "--gate-data", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and "--opset 17" in err and "leave --opset out" in err and len(err.strip().splitlines()) == 1
     assert list(tmp_path.iterdir()) == [weights]
 
 

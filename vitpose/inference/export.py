@@ -970,6 +970,10 @@ def _run_int8(args, out: Path, fmt: str) -> int:
         # than OpenVINO fp32 and ONNX Runtime int8 (BENCHMARKS.md, issue 31): no OpenVINO int8 export.
         raise ExportUsageError(f"--precision int8 writes an ONNX file (ONNX Runtime's quantization, the faster int8 "
                                f"runtime measured); --format {fmt} has no int8 path here")
+    if getattr(args, "opset", None) is not None:
+        # the int8 graph's opset is its layout's (vitpose.inference.int8_graph: 23), not a choice
+        raise ExportUsageError(f"--opset {args.opset}: --precision int8 writes the opset its quantized graph needs; "
+                               f"leave --opset out")
     gate_data = args.gate_data
     if gate_data is None and args.config is not None:
         from vitpose.config import load_config
