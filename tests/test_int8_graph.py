@@ -3,6 +3,7 @@ model, laid out for ONNX Runtime's integer kernels. The head's phase form is che
 transposed convolutions it replaces in float64 (only summation order differs), the ONNX rewrites
 against the graphs they rewrite, run by onnxruntime."""
 
+import copy
 import json
 
 import numpy as np
@@ -64,7 +65,7 @@ def test_a_wrong_tap_table_is_caught(monkeypatch):
 
 def test_the_layout_keeps_the_model_and_leaves_other_heads_alone():
     model = tiny_model().eval()
-    laid_out = int8_graph.int8_layout(model)
+    laid_out = int8_graph.int8_layout(copy.deepcopy(model))
     assert isinstance(laid_out.head, int8_graph.PhaseDeconvHead) and isinstance(model.head, ClassicHead)
     x = torch.randn(2, 3, 256, 192)
     with torch.no_grad():
@@ -148,3 +149,22 @@ def test_the_head_gathers_uint8_and_stays_as_close_to_fp32(laid_out_files, tmp_p
     fp32 = _run(laid_out, x)
     error_uint8, error_float = np.abs(_run(quantized, x) - fp32).max(), np.abs(_run(float_gather, x) - fp32).max()
     assert 0 < error_uint8 <= 1.5 * error_float
+
+
+@needs_layout
+def test_the_rewrite_keeps_the_weights_of_a_file_with_external_data(tmp_path, monkeypatch):
+    """A model over 2 GB (ViTPose-H in fp32) is written with its weights in `<file>.data`; the
+    attention rewrite reads the graph only and the file still runs, gated equal to PyTorch."""
+    import vitpose.inference.export as E
+
+    monkeypatch.setattr(E, "SINGLE_FILE_LIMIT", 0)  # every model "large": external data
+    model = tiny_model(3).eval()
+    path = tmp_path / "layout.onnx"
+    E.to_onnx(model, path, int8_layout=True, log=None)
+    data = tmp_path / "layout.onnx.data"
+    assert data.is_file() and path.stat().st_size < data.stat().st_size / 2  # the weights stayed outside
+    assert [n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node].count("MultiHeadAttention") == 1
+    x = np.random.default_rng(2).standard_normal((2, 3, 256, 192)).astype(np.float32)
+    with torch.no_grad():
+        expected = model(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(_run(path, x), expected, rtol=0, atol=2e-5 * np.abs(expected).max())

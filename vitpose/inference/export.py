@@ -237,14 +237,16 @@ def _export_facts(flip_test: bool, fp16: bool, batch, layout: str | None = None)
 
 
 def _rewrite_onnx(path: Path, rewrite: Callable) -> int:
-    """Apply an in-place graph rewrite (`vitpose.inference.int8_graph`) to the ONNX file at `path`."""
+    """Apply an in-place graph rewrite (`vitpose.inference.int8_graph`) to the ONNX file at `path`.
+    The weights are not loaded: a model written with external data (over 2 GB) keeps its `.data`
+    file, which the rewritten graph still names."""
     import onnx
 
-    model = onnx.load(str(path))
+    model = onnx.load(str(path), load_external_data=False)
     count = rewrite(model)
     if count:
-        onnx.checker.check_model(model)
         onnx.save(model, str(path))
+        onnx.checker.check_model(str(path))
     return count
 
 

@@ -28,11 +28,10 @@ whether this install has it, and without it the int8 file keeps the plain graph.
 
 from __future__ import annotations
 
-import copy
-
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils.fusion import fuse_conv_bn_weights
 
 from vitpose.models.heads import ClassicHead
 from vitpose.models.wrappers import unwrap_model
@@ -73,9 +72,10 @@ class PhaseDeconvHead(nn.Module):
         self.stage_weights = nn.ParameterList()
         self.stage_shifts = nn.ParameterList()
         for deconv, norm in zip(layers[0::3], layers[1::3]):
-            scale = norm.weight.detach() / torch.sqrt(norm.running_var + norm.eps)
-            shift = norm.bias.detach() - norm.running_mean * scale
-            kernel = deconv.weight.detach() * scale[None, :, None, None]  # (Cin, Cout, 4, 4)
+            # BN (eval) folded into the transposed convolution's output channels (dim 1 of its weight)
+            kernel, shift = fuse_conv_bn_weights(deconv.weight.detach(), None, norm.running_mean, norm.running_var,
+                                                 norm.eps, norm.weight.detach(), norm.bias.detach(), transpose=True)
+            kernel, shift = kernel.detach(), shift.detach()  # (Cin, Cout, 4, 4), (Cout,)
             phases = [torch.cat([kernel[:, :, ky, kx] for _, ky in PHASE_TAPS[a] for _, kx in PHASE_TAPS[b]])
                       for a in (0, 1) for b in (0, 1)]  # each (4*Cin, Cout)
             self.stage_weights.append(nn.Parameter(torch.stack(phases), requires_grad=False))
@@ -116,9 +116,10 @@ class PhaseDeconvHead(nn.Module):
 
 
 def int8_layout(model: nn.Module) -> nn.Module:
-    """An eval-mode copy of `model` whose classic head is a `PhaseDeconvHead` (the model itself is
-    left as it was); a model whose head is not a classic head of 4x4 stride-2 deconvs keeps it."""
-    model = copy.deepcopy(unwrap_model(model)).cpu().eval()
+    """`model` (in eval mode) with its classic head replaced, in place, by a `PhaseDeconvHead`; a
+    model whose head is not a classic head of 4x4 stride-2 deconvs keeps it. Give it a copy (the
+    export does: `_plain_copy`), the model is changed."""
+    model = unwrap_model(model).eval()
     head = getattr(model, "head", None)
     if isinstance(head, ClassicHead) and all(_supported_deconv(layer) for layer in list(head.deconv_layers)[0::3]):
         model.head = PhaseDeconvHead(head)
@@ -126,8 +127,8 @@ def int8_layout(model: nn.Module) -> nn.Module:
 
 
 def available() -> bool:
-    """Whether this install can write and run the layout: torch's ONNX exporter at opset 23 and an
-    onnxruntime with ONNX Attention's CPU kernel."""
+    """Whether this install's onnxruntime runs the layout's opset 23 (the exporter writes the
+    pattern `attention_3d` rewrites only at opset 23)."""
     try:
         import onnxruntime
     except ImportError:
@@ -161,7 +162,7 @@ def _constant(graph, producer, name):
 
 
 def _perm(node):
-    return [list(a.ints) for a in node.attribute if a.name == "perm"][0] if node.attribute else None
+    return next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
 
 
 def attention_3d(model) -> int:

@@ -403,7 +403,8 @@ def audit_instance(label: np.ndarray, bbox, predicted, scores, views_apart, skel
     if bones is not None:
         links = np.asarray(skeleton.skeleton, int).reshape(-1, 2)
         median, spread = bones
-        z = np.nan_to_num(np.abs(bone_lengths(label, bbox, links) - median) / spread, nan=0.0)
+        lengths = bone_lengths(label, bbox, links)
+        z = np.nan_to_num(np.abs(lengths - median) / spread, nan=0.0)
         worst = np.argsort(-z)[:BONES_WORST]
         checks["bones"] = float(np.clip((z[worst].mean() - BONES_Z) / BONES_Z_SPAN, 0, 1)) if len(z) else 0.0
         if checks["bones"] > 0:
@@ -411,7 +412,7 @@ def audit_instance(label: np.ndarray, bbox, predicted, scores, views_apart, skel
                 if z[j] < BONES_Z:
                     break
                 a, b = links[j]
-                ratio = math.exp(float(bone_lengths(label, bbox, links)[j] - median[j]))
+                ratio = math.exp(float(lengths[j] - median[j]))
                 flagged.append((names[b] if len(worst) > 1 and b in links[worst[worst != j]] else names[a], "bones",
                                 round(float(z[j]), 3)))
                 reasons.append(f"{names[a]}-{names[b]} is {ratio:.1f}x its usual length for the box in this file "
