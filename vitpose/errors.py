@@ -44,3 +44,35 @@ class UserError(Exception):
     """A problem with the user's input, files, flags or environment, explained in one line."""
 
     exit_status = EXIT_USAGE
+
+
+class UsageError(UserError):
+    """A flag, or a combination of flags, that the command cannot run with: one line naming the flag
+    and the fix. The one usage-error class of every command (and of the library calls they make)."""
+
+
+class MissingExtraError(UserError, ImportError):
+    """An optional package a feature needs is not installed: one line naming the feature, the
+    package and the pip command that brings it (`missing_extra`)."""
+
+
+def missing_extra(feature: str, package: str, extra: str | None = None) -> MissingExtraError:
+    """The one spelling of "install the extra": `raise missing_extra("vitpose serve", "starlette", "serve")`.
+
+    feature: what the user asked for (a command or flag); package: the import that failed; extra:
+    the `vitpose[...]` extra that brings it (None: the package alone)."""
+    how = f'pip install "vitpose[{extra}]"' if extra else f"pip install {package}"
+    error = MissingExtraError(f"{feature} needs {package}, which is not installed: {how}")
+    error.name = package
+    return error
+
+
+def require_extra(feature: str, modules: tuple[str, ...] | list[str], extra: str | None = None) -> None:
+    """Import each of `modules`; the first that is missing raises `missing_extra` naming it."""
+    import importlib
+
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise missing_extra(feature, module.split(".")[0], extra) from None
