@@ -33,6 +33,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "vitpose.models.spec": ["ModelSpec"],
     "vitpose.inference.predictor": ["Predictor"],
     "vitpose.inference.onnx": ["OnnxPredictor"],
+    "vitpose.inference.door": ["open_predictor"],
     "vitpose.inference.draw": ["draw_pose"],
     "vitpose.codecs": ["codecs"],
     "vitpose.data": ["data"],

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 from pathlib import Path
 
@@ -92,7 +91,7 @@ def check_flags(args) -> Path:
 
 def run(args) -> int:
     from vitpose.device import resolve_device
-    from vitpose.engine.runtime import StopFlag
+    from vitpose.run.stop import StopOnSignal
     from vitpose.inference.predictor import Predictor
     from vitpose.labelling.audit import audit_annotations, read_labels
 
@@ -106,15 +105,10 @@ def run(args) -> int:
     labels = read_labels(args.annotations.expanduser(), predictor.skeleton.num_keypoints)
     if not labels:
         raise UsageError(f"--annotations {args.annotations}: no labelled person to audit")
-    stop = StopFlag()
-    handlers = {s: signal.signal(s, stop.handle_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with StopOnSignal() as stop:
         lines, completed = audit_annotations(predictor, labels, args.images.expanduser(), progress,
                                              resume=args.resume,
                                              stop=lambda: stop.requested)
-    finally:
-        for s, handler in handlers.items():
-            signal.signal(s, handler)
     if not completed:
         print(f"interrupted: {len(lines)} of {len(labels)} images audited, kept in {progress}; run again with "
               f"--resume", file=sys.stderr)

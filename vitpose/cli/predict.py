@@ -40,15 +40,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
-import threading
 import traceback
 from pathlib import Path
 
 import numpy as np
 
-from vitpose.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, UserError
+from vitpose.cli.options import DEFAULT_MODEL, add_model_arguments, model_options, open_model
+from vitpose.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, UsageError, UserError
 from vitpose.files import check_output
 from vitpose.inference.pipeline import (
     IMAGE_SUFFIXES,
@@ -59,13 +58,9 @@ from vitpose.inference.pipeline import (
     read_boxes_file,
 )
 from vitpose.inference.records import image_records
+from vitpose.run.stop import StopOnSignal
 
-DEFAULT_MODEL = "vitpose-b-simple"
 STAGES = ("decode", "detect", "crop", "pose", "decode heatmaps", "draw", "write")
-
-
-class UsageError(UserError):
-    """A problem with the command line or the user's files, reported in one line (exit status 2)."""
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -75,17 +70,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                               formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("source", nargs="+",
                    help="images and directories of images, or one video file or webcam index (0, 1, ...)")
-    p.add_argument("--model", default=DEFAULT_MODEL,
-                   help="a published name (vitpose.hub.list_models()), an HF repo id (org/repo[@revision]), a "
-                        "weights or checkpoint file, or an .onnx file from vitpose export (default: %(default)s)")
-    p.add_argument("--config", default=None, metavar="FILE|NAME",
-                   help="the run config the weights were trained with (a YAML file or a shipped config's name, "
-                        "as for vitpose train); its model section and skeleton describe them. Default: what the "
-                        "file records, or its tensor shapes")
-    p.add_argument("--detector", default=None,
-                   help="default | none | full-frame | a name of vitpose.inference.detect.DETECTORS "
-                        "(default: 'default', or 'none' with --boxes)")
-    p.add_argument("--detector-threshold", type=float, default=None, help="minimum person score (default 0.3)")
+    add_model_arguments(p)
     p.add_argument("--boxes", type=Path, default=None,
                    help="person boxes from a COCO detection results JSON (image_id or file_name, or frame for "
                         "videos; bbox xywh; score)")
@@ -105,20 +90,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--det-every", type=int, default=1, metavar="N",
                    help="video: run the detector on every N-th frame and carry people between on their previous "
                         "poses (again at once when someone's score halves; default: every frame)")
-    p.add_argument("--no-flip", action="store_true", help="skip the flip test (about 2x faster)")
-    p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: CUDA when available)")
-    p.add_argument("--det-classes", nargs="+", default=None, metavar="CLASS",
-                   help="COCO classes the detector keeps, names or ids (default: the model's skeleton's "
-                        "detector_classes: person for COCO, bird..giraffe for AP-10K / APT-36K; a skeleton that "
-                        "names none is cropped full-frame)")
-    p.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
-                   help="auto (default): fp16 on CUDA, bf16 on a CPU with AVX512-BF16 or AMX where a short "
-                        "measurement of the model finds it faster (cached; the reason is printed once), else "
-                        "fp32; what auto picks passed the accuracy gate, "
-                        "AP within 0.002 of fp32 (BENCHMARKS.md). fp32 gives the reference numbers")
     p.add_argument("--batch-images", type=int, default=8, help="images per model call (default: %(default)s)")
-    p.add_argument("--batch-size", type=int, default=None,
-                   help="person boxes per forward pass, doubled by the flip test (default: 8 on a CPU, 32 on a GPU)")
     p.add_argument("--keypoint-threshold", type=float, default=0.3,
                    help="drawing: keypoints with a lower score are not drawn (default: %(default)s)")
     add_shard_arguments(p)
@@ -271,91 +243,20 @@ def read_boxes(args, names: list[str] | None):
 
 
 # ----------------------------------------------------------------------------------------------
-# Signals
-
-
-class StopOnSignal:
-    """SIGINT / SIGTERM set `event` (the run ends after the items in flight); a second one raises
-    KeyboardInterrupt. Installed only in the main thread; the old handlers come back on exit."""
-
-    def __init__(self):
-        self.event = threading.Event()
-        self.signal_name = None
-        self._previous = {}
-
-    def _handle(self, signum, frame):
-        if self.event.is_set():
-            raise KeyboardInterrupt
-        self.signal_name = signal.Signals(signum).name
-        self.event.set()
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                self._previous[signum] = signal.signal(signum, self._handle)
-        return self
-
-    def __exit__(self, *exc):
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-        return False
-
-
-# ----------------------------------------------------------------------------------------------
 # The command
 
 
 def build_predictor(args):
-    """The Predictor of the command line (the model downloads here when it is not cached)."""
-    from vitpose.device import resolve_device, tune_cpu_allocator
-    from vitpose.inference.onnx import exported_device, is_exported, load_exported
-    from vitpose.inference.predictor import Predictor
-
-    detector = args.detector or ("none" if args.boxes is not None else "default")
-    exported = is_exported(args.model)
-    try:
-        # an exported file: the runtime's own device checks first (its package, not torch's CUDA, is missing)
-        device = exported_device(args.model, args.device) if exported else resolve_device(args.device)
-    except ValueError as e:
-        raise UsageError(f"--device: {e}") from None
-    tune_cpu_allocator(device)  # on a CPU: this process runs models pass after pass (see its docstring)
-    # The flags the library checks with ValueError (its API's errors) are checked here, before any
-    # model loads, as the user's errors; a ValueError from deeper down is a bug (vitpose.cli).
-    from vitpose.device import resolve_precision
-    from vitpose.inference.detect import DETECTORS, parse_det_classes
-
-    try:
-        resolve_precision(args.precision, device)
-    except ValueError as e:
-        raise UsageError(f"--precision: {e}") from None
-    if detector not in ("default", "none", "full-frame", *DETECTORS):
-        raise UsageError(f"--detector: unknown detector {detector!r}; choose default, none, full-frame or one of "
-                         f"{', '.join(DETECTORS)}")
-    if args.det_classes is not None:  # a misspelt class stops before any model loads
-        try:
-            parse_det_classes(args.det_classes)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-    if exported:  # the one door for exported files (`vitpose serve` takes it too)
-        return load_exported(args.model, device, requested_device=args.device, config=args.config,
-                             precision=args.precision, flip_test=not args.no_flip, batch_size=args.batch_size,
-                             detector=None if detector == "none" else detector,
-                             detector_threshold=args.detector_threshold, det_classes=args.det_classes)
-    return Predictor.from_pretrained(args.model, detector=None if detector == "none" else detector, device=device,
-                                     config=args.config, flip_test=not args.no_flip, batch_size=args.batch_size,
-                                     detector_threshold=args.detector_threshold, precision=args.precision,
-                                     det_classes=args.det_classes)
+    """The predictor of the command line through the one door (the model downloads here when it is
+    not cached)."""
+    return open_model(model_options(args))
 
 
 def _check_flags(args) -> None:
     if args.batch_images < 1:
         raise UsageError(f"--batch-images must be >= 1, got {args.batch_images}")
-    if args.batch_size is not None and args.batch_size < 1:
-        raise UsageError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.det_every < 1:
         raise UsageError(f"--det-every must be >= 1 (1 = the detector on every frame), got {args.det_every}")
-    if args.detector_threshold is not None and not 0.0 <= args.detector_threshold <= 1.0:
-        raise UsageError(f"--detector-threshold must be in [0, 1], got {args.detector_threshold}")
     if not 0.0 <= args.keypoint_threshold <= 1.0:
         raise UsageError(f"--keypoint-threshold must be in [0, 1], got {args.keypoint_threshold}")
     if args.format != "coco" and args.json is None:

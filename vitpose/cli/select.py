@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 from pathlib import Path
 
@@ -122,7 +121,7 @@ def build_predictor(args):
 
 
 def run(args) -> int:
-    from vitpose.engine.runtime import StopFlag
+    from vitpose.run.stop import StopOnSignal
     from vitpose.inference.pipeline import read_boxes_file
     from vitpose.labelling.select import labelled_names, select_frames
 
@@ -130,15 +129,10 @@ def run(args) -> int:
     skip = frozenset(labelled_names(args.exclude.expanduser())) if args.exclude is not None else frozenset()
     boxes = read_boxes_file(args.boxes.expanduser()) if args.boxes is not None else None
     predictor = build_predictor(args)
-    stop = StopFlag()
-    handlers = {s: signal.signal(s, stop.handle_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with StopOnSignal() as stop:
         scores, completed = select_frames(predictor, args.source.expanduser(), kind, progress, boxes=boxes,
                                           every=args.every, skip=skip, resume=args.resume,
                                           stop=lambda: stop.requested)
-    finally:
-        for s, handler in handlers.items():
-            signal.signal(s, handler)
     if not completed:
         print(f"interrupted: {len(scores)} frames scored, kept in {progress}; run again with --resume",
               file=sys.stderr)

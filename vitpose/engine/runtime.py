@@ -25,7 +25,6 @@ import logging
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 import traceback
@@ -33,41 +32,25 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
+from vitpose.run.stop import StopOnSignal
+
 _DEAD_TERMINAL = {errno.EIO, errno.EPIPE, errno.ENXIO, errno.EBADF}
 _LINE_ENDS = re.compile(r"(?<=\n)")  # split after each newline, keeping it
 
 
-class StopFlag:
-    """Set by SIGTERM/SIGINT; the training loop polls `requested` after each step."""
+class StopFlag(StopOnSignal):
+    """Training's stop (`vitpose.run.stop.StopOnSignal`): SIGTERM/SIGINT finish the current step and
+    save a checkpoint; a second Ctrl-C stops at once, a repeated SIGTERM does not (a scheduler may
+    repeat it while the checkpoint is written); SIGHUP is ignored (an ssh drop must not end a run).
+    The training loop polls `requested` after each step; the ranks agree on it (`any_rank`)."""
 
     def __init__(self):
-        self.signal_name: str | None = None
-
-    @property
-    def requested(self) -> bool:
-        return self.signal_name is not None
-
-    def request(self, name: str = "request") -> None:
-        self.signal_name = name
-
-    def handle_signal(self, signum, frame):
-        """The SIGTERM/SIGINT handler (installed by `install_signal_handlers`)."""
-        name = signal.Signals(signum).name
-        if self.requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C: the user does not want to wait
-        self.signal_name = name
-        _say(f"\n{name} received: finishing the current step, saving a checkpoint, then exiting "
-             "(Ctrl-C again to stop at once)")
+        super().__init__(on_signal=_announce_stop, hard=("SIGINT",), ignore_hangup=True)
 
 
-def install_signal_handlers() -> StopFlag:
-    """Ignore SIGHUP, turn SIGTERM/SIGINT into a graceful stop. Main thread only."""
-    flag = StopFlag()
-    if hasattr(signal, "SIGHUP"):
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, flag.handle_signal)
-    signal.signal(signal.SIGINT, flag.handle_signal)
-    return flag
+def _announce_stop(name: str) -> None:
+    _say(f"\n{name} received: finishing the current step, saving a checkpoint, then exiting "
+         "(Ctrl-C again to stop at once)")
 
 
 @contextlib.contextmanager
@@ -82,8 +65,6 @@ def run_guard(log_path: str | Path) -> Iterator[StopFlag]:
     Args:
         log_path: the run's train.log (appended to; created with its folder when missing).
     """
-    names = [n for n in ("SIGHUP", "SIGTERM", "SIGINT") if hasattr(signal, n)]
-    old_handlers = {n: signal.getsignal(getattr(signal, n)) for n in names}
     old_streams = sys.stdout, sys.stderr
     output = RunOutput(sys.stdout, log_path, stderr=sys.stderr)
     sys.stdout, sys.stderr = output.stdout, output.stderr
@@ -95,15 +76,14 @@ def run_guard(log_path: str | Path) -> Iterator[StopFlag]:
     library_log = logging.getLogger("vitpose")
     library_log.addHandler(warnings_handler)
     try:
-        yield install_signal_handlers()
+        with StopFlag() as stop:
+            yield stop
     except BaseException as e:
         if not isinstance(e, SystemExit):
             output.log_exception(e)
         raise
     finally:
         library_log.removeHandler(warnings_handler)
-        for n, handler in old_handlers.items():
-            signal.signal(getattr(signal, n), handler)
         sys.stdout, sys.stderr = old_streams
         output.close()
 

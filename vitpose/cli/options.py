@@ -1,0 +1,85 @@
+"""The model flags of every command that loads a model for prediction, parsed one way.
+
+`add_model_arguments(parser)` adds `--model --config --device --precision --detector
+--detector-threshold --det-classes --no-flip --batch-size` (a command leaves out what it has no use
+for); `model_options(args)` turns them into the library's typed `ModelOptions`; `open_model(options)`
+opens the predictor through the one door (`vitpose.open_predictor`), which refuses a bad
+`--detector`, `--precision` or `--device` with one line (exit 2) before any model loads.
+predict, serve, select and audit use these three, so the same flags mean the same thing and fail
+the same way on every command.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+DEFAULT_MODEL = "vitpose-b-simple"
+MODEL_HELP = ("a published name (vitpose.hub.list_models()), an HF repo id (org/repo[@revision]), a weights or "
+              "checkpoint file, an .onnx file from vitpose export or an OpenVINO IR (its .xml or folder)")
+CONFIG_HELP = ("the run config the weights were trained with (a YAML file or a shipped config's name, as for vitpose "
+               "train); its model section and skeleton describe them. Default: what the file records, or its tensor "
+               "shapes")
+PRECISION_HELP = ("auto | fp32 | bf16 | fp16. auto (default): fp16 on CUDA, bf16 on a CPU with AVX512-BF16 or AMX "
+                  "where a short measurement of the model finds it faster (cached; the reason is printed once), else "
+                  "fp32; what auto picks passed the accuracy gate, AP within 0.002 of fp32 (BENCHMARKS.md). fp32 "
+                  "gives the reference numbers; an exported file runs in its own precision")
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, *, default_model: str | None = DEFAULT_MODEL,
+                        detector: bool = True, detector_default: str | None = None, flip: bool = True,
+                        batch_size: bool = True) -> None:
+    """The model flags on `parser`. default_model None: `--model` is required. detector False: the
+    command gives the boxes itself (audit); detector_default None: "default", or "none" with --boxes."""
+    parser.add_argument("--model", default=default_model, required=default_model is None,
+                        help=MODEL_HELP + (" (default: %(default)s)" if default_model else ""))
+    parser.add_argument("--config", default=None, metavar="FILE|NAME", help=CONFIG_HELP)
+    parser.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: CUDA when available)")
+    parser.add_argument("--precision", default="auto", metavar="auto|fp32|bf16|fp16", help=PRECISION_HELP)
+    if detector:
+        parser.add_argument("--detector", default=detector_default,
+                            help="default | none | full-frame | a name of vitpose.inference.detect.DETECTORS "
+                                 "(default: 'default', or 'none' with --boxes)")
+        parser.add_argument("--detector-threshold", type=float, default=None,
+                            help="minimum person score (default 0.3)")
+        parser.add_argument("--det-classes", nargs="+", default=None, metavar="CLASS",
+                            help="COCO classes the detector keeps, names or ids (default: the model's skeleton's "
+                                 "detector_classes: person for COCO, bird..giraffe for AP-10K / APT-36K; a skeleton "
+                                 "that names none is cropped full-frame)")
+    if flip:
+        parser.add_argument("--no-flip", action="store_true", help="skip the flip test (about 2x faster)")
+    if batch_size:
+        parser.add_argument("--batch-size", type=int, default=None,
+                            help="person boxes per forward pass, doubled by the flip test (default: 8 on a CPU, "
+                                 "32 on a GPU)")
+
+
+def model_options(args: argparse.Namespace, *, batch_size: int | None = None):
+    """`ModelOptions` of the flags `add_model_arguments` added (checked here: thresholds and sizes;
+    the door checks the detector, precision and device). batch_size: the command's own flag for it
+    (`vitpose serve --max-batch`)."""
+    from vitpose.errors import UsageError
+    from vitpose.inference.door import ModelOptions
+
+    detector = getattr(args, "detector", "none")
+    if detector is None:
+        detector = "none" if getattr(args, "boxes", None) is not None else "default"
+    threshold = getattr(args, "detector_threshold", None)
+    if threshold is not None and not 0.0 <= threshold <= 1.0:
+        raise UsageError(f"--detector-threshold must be in [0, 1], got {threshold}")
+    batch = batch_size if batch_size is not None else getattr(args, "batch_size", None)
+    if batch is not None and batch < 1:
+        raise UsageError(f"--batch-size must be >= 1, got {batch}")
+    classes = getattr(args, "det_classes", None)
+    return ModelOptions(model=str(args.model), config=args.config, device=args.device, precision=args.precision,
+                        detector=detector, flip_test=not getattr(args, "no_flip", False), batch_size=batch,
+                        detector_threshold=threshold, det_classes=None if classes is None else tuple(classes))
+
+
+def open_model(options):
+    """The predictor of `options` through the one door; on a CPU, glibc's allocator tuned for a
+    process that runs the model pass after pass (`vitpose.device.tune_cpu_allocator`)."""
+    from vitpose.device import tune_cpu_allocator
+
+    predictor = options.open()
+    tune_cpu_allocator(getattr(predictor, "device", "cpu"))
+    return predictor
