@@ -45,6 +45,10 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".j
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg", ".wmv", ".flv", ".ts")
 
 
+class BoxError(UserError, ValueError):
+    """Caller boxes that cannot belong to their image (far outside it), in one line."""
+
+
 class TopDown:
     """The steps every predictor shares; a subclass sets `codec`, `batch_size`, `detector`,
     `num_keypoints` and `timer` (a `StageTimer`) and defines `run_network(crops) -> heatmaps`
@@ -103,6 +107,7 @@ class TopDown:
         images: (H, W, 3) uint8, RGB (or `channels="bgr"`), a PIL image, or a list of them.
         boxes: None: the detector finds the people. Otherwise the caller's boxes: (M, 4|5) for one
             image ([] for nobody), a list of them for a list of images; a 5th column is the box score.
+            In a list, an image's entry may also be `Detections`, or None for the detector's boxes.
         box_format: "xyxy" | "xywh" (caller boxes).
         The crops of all the images go through the network together, `batch_size` at a time.
         """
@@ -117,20 +122,26 @@ class TopDown:
         single = not isinstance(images, (list, tuple))
         images = [as_image(image) for image in ([images] if single else images)]
         if boxes is None:
-            found = self.detect(images, channels)
-        else:
-            boxes = [boxes] if single else list(boxes)
-            if len(boxes) != len(images):
-                raise ValueError(f"{len(images)} images but {len(boxes)} box arrays")
-            found = [caller_boxes(b, box_format) for b in boxes]
-            for i, (image, given) in enumerate(zip(images, found)):
-                outside = np.flatnonzero(boxes_outside_image(given.boxes, image.shape[1], image.shape[0]))
-                if len(outside):
-                    j = int(outside[0])
-                    box = ", ".join(f"{v:.6g}" for v in given.boxes[j])
-                    raise ValueError(f"box {j}{'' if single else f' of image {i}'} [{box}] (xyxy) "
-                                     f"lies far outside the {image.shape[1]}x{image.shape[0]} image (it misses it or "
-                                     f"spans over {MAX_BOX_SPAN}x its size): boxes for another image or size?")
+            return single, images, self.detect(images, channels)
+        boxes = [boxes] if single else list(boxes)
+        if len(boxes) != len(images):
+            raise ValueError(f"{len(images)} images but {len(boxes)} box arrays")
+        unboxed = [i for i, b in enumerate(boxes) if b is None]  # these images' people: the detector's
+        detected = iter(self.detect([images[i] for i in unboxed], channels) if unboxed else ())
+        found = []
+        for i, (image, given) in enumerate(zip(images, boxes)):
+            if given is None:
+                found.append(next(detected))
+                continue
+            given = given if isinstance(given, Detections) else caller_boxes(given, box_format)
+            outside = np.flatnonzero(boxes_outside_image(given.boxes, image.shape[1], image.shape[0]))
+            if len(outside):
+                j = int(outside[0])
+                box = ", ".join(f"{v:.6g}" for v in given.boxes[j])
+                raise BoxError(f"box {j}{'' if single else f' of image {i}'} [{box}] (xyxy) "
+                               f"lies far outside the {image.shape[1]}x{image.shape[0]} image (it misses it or "
+                               f"spans over {MAX_BOX_SPAN}x its size): boxes for another image or size?")
+            found.append(given)
         return single, images, found
 
     def _pose(self, images, found: list[Detections], channels: str) -> list[Poses]:
