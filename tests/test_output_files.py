@@ -30,7 +30,6 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from types import SimpleNamespace
 
 import cv2
 import numpy as np
@@ -42,6 +41,7 @@ from vitpose import files
 from vitpose.cli import main
 from vitpose.inference.pipeline import ResultsFile
 from vitpose.inference.results import FullFrame, Poses, StageTimer
+from vitpose.inference.runner import PredictOptions
 
 REPO = Path(__file__).resolve().parents[1]
 ANNOTATIONS = REPO / "tests" / "data" / "annotations"
@@ -313,7 +313,7 @@ def test_track_ids_continue_across_a_resume(tmp_path):
                                  for f in range(30)]))
 
     def run(out, resume=False, stop=None, stop_after=None):
-        args = SimpleNamespace(json=out, boxes=boxes, track=True, resume=resume, pipeline="sequential",
+        args = PredictOptions(json=out, boxes=boxes, track=True, resume=resume, pipeline="sequential",
                                batch_frames=1, progress=False, quiet=True)
         return run_video(GivenBoxes(stop, stop_after), source, args, stop=stop)
 
@@ -372,7 +372,7 @@ def test_run_video_says_the_video_was_not_written_and_exits_1(tmp_path, monkeypa
     boxes = tmp_path / "boxes.json"
     boxes.write_text(json.dumps([{"frame": f, "bbox": [2, 2, 30, 40]} for f in range(5)]))
     monkeypatch.setattr(video_module.VideoFile, "_unreadable", lambda self: "the file does not open as a video")
-    args = SimpleNamespace(json=tmp_path / "r.jsonl", boxes=boxes, out=tmp_path / "drawn.mp4", pipeline="sequential",
+    args = PredictOptions(json=tmp_path / "r.jsonl", boxes=boxes, out=tmp_path / "drawn.mp4", pipeline="sequential",
                            progress=False, quiet=True)
     summary = video_module.run_video(GivenBoxes(), source, args)
     text = summary.format()

@@ -234,7 +234,8 @@ def test_a_detector_that_finds_nobody(tmp_path, capsys):
     predictor = Predictor(tiny_model(seed=2), device="cpu", detector=Nobody())
     args = build_parser().parse_args(["predict", str(tmp_path / "imgs"), "--json", str(tmp_path / "r.json"),
                                       "--out", str(tmp_path / "drawn")])
-    code = predict_cli.predict_images(predictor, predict_cli.list_images(args.source), args, None)
+    code = predict_cli.predict_images(predictor, predict_cli.list_images(args.source), predict_cli.predict_options(args),
+                                      None)
     printed = capsys.readouterr().out
     assert code == 0
     assert read_records(tmp_path / "r.json") == []
@@ -271,6 +272,7 @@ def test_videos_and_webcams_go_to_the_video_module(tmp_path, tiny, capsys, monke
     stub.check_video_file = lambda path: None
     stub.output_video_path = lambda out, source: out
     monkeypatch.setitem(sys.modules, "vitpose.inference.video", stub)
+    monkeypatch.setattr("vitpose.run.sources.check_video_file", stub.check_video_file)
     clip = tmp_path / "clip.MP4"
     clip.write_bytes(b"")
     common = ["--config", config, "--model", checkpoint, "--detector", "full-frame", "--device", "cpu"]
@@ -311,7 +313,7 @@ def test_a_chunk_of_images_is_bounded_by_decoded_pixels(tmp_path, tiny, capsys, 
     single = read_records(tmp_path / "one.jsonl")
     one_image = min(image.shape[0] * image.shape[1] for image in
                     (cv2.imread(str(p)) for p in sorted((tmp_path / "photos").iterdir())))
-    monkeypatch.setattr(predict_cli, "CHUNK_PIXELS", one_image)
+    monkeypatch.setattr("vitpose.inference.images.CHUNK_PIXELS", one_image)
     calls.clear()
     common[-1] = 8
     code, _, err = run_cli([*common, "--json", tmp_path / "bounded.jsonl"], capsys)

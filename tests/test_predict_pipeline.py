@@ -94,9 +94,10 @@ def test_images_video_and_onnx_give_the_same_keypoints(tmp_path, tiny, clip, cap
     from vitpose.inference.onnx import OnnxPredictor
 
     onnx = OnnxPredictor(onnx_path, detector=FullFrame())
+    from vitpose.inference.runner import PredictOptions
     from vitpose.inference.video import run_video  # the video path runs the ONNX predictor too
 
-    args = type("Args", (), {"json": tmp_path / "onnx.jsonl", "progress": False, "quiet": True, "batch_frames": 3})()
+    args = PredictOptions(json=tmp_path / "onnx.jsonl", progress=False, quiet=True, batch_frames=3)
     assert run_video(onnx, video, args).exit_status == 0
     through_onnx = strict_records(tmp_path / "onnx.jsonl")
     assert [r["frame"] for r in through_onnx] == list(range(FRAMES))

@@ -5,7 +5,6 @@ The video: two stick figures (drawn with vitpose.draw_pose) walking in opposite 
 components of the bright figures), so boxes, crops and tracks are all made from the frames.
 """
 
-import argparse
 import json
 
 import cv2
@@ -21,6 +20,7 @@ from vitpose.inference.draw import draw_pose
 from vitpose.inference.pipeline import read_boxes_file, read_records
 from vitpose.inference.predictor import Predictor
 from vitpose.inference.results import FullFrame, Poses
+from vitpose.inference.runner import PredictOptions
 from vitpose.inference.tracking import KeypointSmoother, Tracker
 from vitpose.inference.video import FrameReader, VideoError, run_video
 
@@ -81,7 +81,7 @@ def read_video(path):
 def options(tmp_path, **kw):
     base = dict(out=None, json=str(tmp_path / "poses.json"), track=False, smooth=False,
                 boxes=None, progress=False, quiet=True)
-    return argparse.Namespace(**{**base, **kw})
+    return PredictOptions(**{**base, **kw})
 
 
 def with_detector(predictor, detector, **kw):

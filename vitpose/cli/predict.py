@@ -41,23 +41,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import traceback
+from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-
-from vitpose.cli.options import DEFAULT_MODEL, add_model_arguments, model_options, open_model
-from vitpose.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, UsageError, UserError
+from vitpose.cli.options import add_model_arguments, model_options, open_model
+from vitpose.errors import UsageError
 from vitpose.files import check_output
-from vitpose.inference.pipeline import (
-    IMAGE_SUFFIXES,
-    VIDEO_SUFFIXES,
-    ResultsFile,
-    classify_source,
-    image_ids,
-    read_boxes_file,
-)
-from vitpose.inference.records import image_records
+from vitpose.inference.images import drawing_names, output_names, predict_images  # noqa: F401 - public here too
+from vitpose.inference.pipeline import image_ids, read_boxes_file
+from vitpose.inference.runner import PredictOptions
+from vitpose.run.sources import classify_source, list_images
 from vitpose.run.stop import StopOnSignal
 
 STAGES = ("decode", "detect", "crop", "pose", "decode heatmaps", "draw", "write")
@@ -121,124 +114,58 @@ def add_shard_arguments(p) -> None:
 # Sources and outputs, all checked before the model loads
 
 
-def list_images(sources: list[str]) -> list[Path]:
-    """Image files of the sources: directories (by suffix, sorted by name) and files as given.
-
-    A file that does not exist stays in the list: it is counted and skipped like an unreadable
-    one (and so is a broken link in a directory); when no source exists at all nothing is done."""
-    paths = []
-    for source in map(Path, sources):
-        if source.is_dir():
-            found = sorted(p for p in source.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and not p.is_dir())
-            if not found:
-                videos = sorted(p.name for p in source.iterdir() if p.suffix.lower() in VIDEO_SUFFIXES)
-                if videos:  # a folder is read for images only: a video goes alone, as the only SOURCE
-                    raise UsageError(f"no images in {source}, but {len(videos)} video file(s) (e.g. {videos[0]}): "
-                                     f"give videos one at a time, each as the only SOURCE "
-                                     f"(vitpose predict {source / videos[0]} ...)")
-                raise UsageError(f"no images in {source} (looked for {', '.join(IMAGE_SUFFIXES)})")
-            paths += found
-        else:
-            paths.append(source)
-    if paths and not any(p.exists() for p in paths):
-        raise UsageError(f"source not found: {paths[0]}" + (f" (nor the {len(paths) - 1} others)" if len(paths) > 1
-                                                            else ""))
-    return paths
-
-
-def output_names(paths: list[Path]) -> list[str]:
-    """File names for the drawn images and `file_name`: the source's name, made unique across directories."""
-    used, names = set(), []
-    for path in paths:
-        name, k = path.name, 1
-        while name in used:
-            name, k = f"{path.stem}_{k}{path.suffix}", k + 1
-        used.add(name)
-        names.append(name)
-    return names
-
-
-def drawing_names(names: list[str]) -> list[str]:
-    """The file names of the drawings in --out: the image's own name, or NAME.png when its format
-    cannot hold a colour picture (.pgm is grey only), made unique among the others."""
-    taken, out = set(names), []
-    for name in names:
-        drawn = name
-        if not _holds_colour(Path(name).suffix.lower()):
-            drawn, k = f"{name}.png", 1
-            while drawn in taken:
-                drawn, k = f"{name}_{k}.png", k + 1
-            taken.add(drawn)
-        out.append(drawn)
-    return out
-
-
-_COLOUR_FORMATS: dict[str, bool] = {}
-
-
-def _holds_colour(suffix: str) -> bool:
-    """Whether OpenCV encodes a colour image in the format of `suffix` (asked once per suffix)."""
-    if suffix not in _COLOUR_FORMATS:
-        import cv2
-
-        try:
-            _COLOUR_FORMATS[suffix] = bool(cv2.imencode(suffix, np.zeros((2, 2, 3), np.uint8))[0])
-        except cv2.error:
-            _COLOUR_FORMATS[suffix] = False
-    return _COLOUR_FORMATS[suffix]
-
-
-def check_outputs(args, inputs: list[Path], video_source=None) -> None:
+def check_outputs(options: PredictOptions, inputs: list[Path], video_source=None) -> None:
     """--out, --json and their combinations (see the module docstring), before any work
     (`vitpose.files.check_output`: folder vs file, a path under a file, writable, not an input;
     --json may be a device or pipe such as /dev/stdout, a drawn video may not)."""
     from vitpose.files import stream_kind
 
-    if args.resume and args.json is None:
+    if options.resume and options.json is None:
         raise UsageError("--resume continues the --json file: give --json")
-    if args.resume and args.json_array:
+    if options.resume and options.json_array:
         raise UsageError("--resume continues JSON Lines; leave out --json-array")
-    extra = [Path(p) for p in (args.boxes, args.config, args.model) if p is not None and Path(p).is_file()]
+    extra = [Path(p) for p in (options.boxes, options.model.config, options.model.model)
+             if p is not None and Path(p).is_file()]
     outputs = []
-    if args.out is not None and video_source is not None:
+    if options.out is not None and video_source is not None:
         from vitpose.inference.video import output_video_path  # the video module names the file
 
-        drawn = output_video_path(args.out, video_source)
-        if drawn != args.out:
-            check_output(args.out, "--out", "dir", inputs + extra)
+        drawn = output_video_path(options.out, video_source)
+        if drawn != options.out:
+            check_output(options.out, "--out", "dir", inputs + extra)
         check_output(drawn, "--out", "file", inputs + extra)  # `--out .` beside clip.mp4 names clip.mp4
         outputs.append(drawn)
-    elif args.out is not None:
-        check_output(args.out, "--out", "dir", inputs + extra)
-        out = args.out.expanduser().resolve()
+    elif options.out is not None:
+        check_output(options.out, "--out", "dir", inputs + extra)
+        out = options.out.expanduser().resolve()
         if any(path.parent.resolve() == out for path in inputs):  # the drawings keep the images' names
-            raise UsageError(f"--out {args.out} is a source directory: the drawings would overwrite the images")
-    if args.json is not None:
-        check_output(args.json, "--json", "file", inputs + extra + outputs, streams=True)
-        if args.resume and stream_kind(args.json.expanduser()) is not None:
-            raise UsageError(f"--json {args.json} is a device or pipe; --resume continues a file")
-        if args.out is not None and video_source is None:
-            json_path = os.path.abspath(args.json.expanduser())
-            drawings = {os.path.abspath(args.out.expanduser() / name): name
+            raise UsageError(f"--out {options.out} is a source directory: the drawings would overwrite the images")
+    if options.json is not None:
+        check_output(options.json, "--json", "file", inputs + extra + outputs, streams=True)
+        if options.resume and stream_kind(options.json.expanduser()) is not None:
+            raise UsageError(f"--json {options.json} is a device or pipe; --resume continues a file")
+        if options.out is not None and video_source is None:
+            json_path = os.path.abspath(options.json.expanduser())
+            drawings = {os.path.abspath(options.out.expanduser() / name): name
                         for name in drawing_names(output_names(inputs))}
             if json_path in drawings:
-                raise UsageError(f"--json {args.json} is the name of the drawing of {drawings[json_path]} in --out "
-                                 f"{args.out}: choose another name")
+                raise UsageError(f"--json {options.json} is the name of the drawing of {drawings[json_path]} in --out "
+                                 f"{options.out}: choose another name")
 
 
-def read_boxes(args, names: list[str] | None):
+def read_boxes(options: PredictOptions, names: list[str] | None):
     """`--boxes` -> (BoxTable, key) for images ("image_id" when every name is a COCO id and the
     records have it, else "file_name"); names None for a video (its key is chosen there)."""
-    if args.boxes is None or names is None:
+    if options.boxes is None or names is None:
         return None, None
-    table = read_boxes_file(args.boxes)
+    table = read_boxes_file(options.boxes)
     _, coco_named = image_ids(names)
     if not table.by_key or (coco_named and table.keyed_by("image_id")):
         return table, "image_id"
     if table.keyed_by("file_name"):
         return table, "file_name"
     example = next((n for n in names if not Path(n).stem.isascii() or not Path(n).stem.isdigit()), names[0])
-    raise UsageError(f"--boxes: {args.boxes} gives image_id only, but the source's file names are not all COCO "
+    raise UsageError(f"--boxes: {options.boxes} gives image_id only, but the source's file names are not all COCO "
                      f"ids (e.g. {example!r}): add 'file_name' to its records")
 
 
@@ -246,10 +173,21 @@ def read_boxes(args, names: list[str] | None):
 # The command
 
 
-def build_predictor(args):
+def build_predictor(model_options):
     """The predictor of the command line through the one door (the model downloads here when it is
     not cached)."""
-    return open_model(model_options(args))
+    return open_model(model_options)
+
+
+def predict_options(args) -> PredictOptions:
+    """The typed options of the command line (checked here, before any work)."""
+    _check_flags(args)
+    return PredictOptions(
+        sources=tuple(str(x) for x in args.source), model=model_options(args), boxes=args.boxes, out=args.out,
+        json=args.json, json_array=args.json_array, resume=args.resume, format=args.format, mark_below=args.mark_below,
+        keypoint_threshold=args.keypoint_threshold, track=args.track, smooth=args.smooth, det_every=args.det_every,
+        batch_images=args.batch_images, shard=args.shard, segment=args.segment, nproc_per_node=args.nproc_per_node,
+        engine=args.engine, workers=args.workers, ray_address=args.ray_address, argv=tuple(getattr(args, "argv", ())))
 
 
 def _check_flags(args) -> None:
@@ -273,296 +211,79 @@ def run(args) -> int:
     """`vitpose predict`; returns the exit status. Errors that are the user's are UserErrors, which
     the command's one handler (vitpose.cli.run_command) prints as one line; a second Ctrl-C reaches
     it as KeyboardInterrupt after the files were closed on the way out."""
-    return _run(args)
+    return predict(predict_options(args))
 
 
-def _run(args) -> int:
-    _check_flags(args)
-    kinds = [classify_source(s) for s in args.source]
-    streams = [s for s, kind in zip(args.source, kinds) if kind in ("video", "webcam")]
-    if streams and len(args.source) > 1:
-        raise UsageError(f"a video or webcam ({streams[0]}) must be the only SOURCE")
+def _video_plan(options: PredictOptions, source, kind: str):
+    """A video or webcam: checked before the model loads; its `--segment` plan (or None)."""
+    from vitpose.inference import sharded
+
+    if options.format != "coco":
+        raise UsageError(f"--format {options.format} writes pre-annotations of images; a video takes --format coco")
+    if kind == "webcam" and options.json_array:
+        raise UsageError("--json-array: a webcam runs until it is stopped; its --json is JSON Lines only")
+    if kind == "video":
+        from vitpose.run.sources import check_video_file
+
+        check_video_file(source)
+    plan = sharded.plan_segments(options, source) if options.segment is not None else None
+    checked = options if plan is None else replace(options, json=plan.json_path, json_array=False)
+    check_outputs(checked, [] if kind == "webcam" else [source], video_source=source)
+    if options.boxes is not None:  # its errors before the model loads (run_video reads it for the frames)
+        read_boxes_file(options.boxes)
+    return plan, checked
+
+
+def _image_plan(options: PredictOptions, kinds: list[str]):
+    """Images: listed, named and checked before the model loads -> (options, paths, names, plan)."""
+    from vitpose.inference import sharded
+
+    # image files named one by one are a bounded input: their --json is one COCO results list
+    # (as COCO.loadRes reads it); folders stream JSON Lines
+    options = replace(options, json_array=options.json_array or (
+        not options.resume and all(kind == "image" for kind in kinds)))
+    paths = list_images([str(Path(s).expanduser()) for s in options.sources])
+    names = output_names(paths)
+    image_ids(names)  # duplicate ids: an error before any work
+    plan = sharded.plan_images(options, paths, names)  # --shard K/N (or a launcher's): this shard's images
+    if plan is not None:  # shard files are JSON Lines (vitpose merge --format coco writes a list)
+        paths = plan.paths
+        options = replace(options, json=plan.json_path, json_array=False)
+    check_outputs(options, paths)
+    return options, paths, names, plan
+
+
+def predict(options: PredictOptions) -> int:
+    """Every source of `vitpose predict` by one dispatch: images, a video, its segments, or Ray."""
     from vitpose.inference import sharded  # --shard, --segment, --nproc-per-node, --engine ray
 
-    sharded.check_shard_flags(args, kinds[0] if streams else None)
-    if args.nproc_per_node is not None:  # N copies of this command, one shard each
-        return sharded.spawn_shards(args)
-    plan = None
-    if streams and args.format != "coco":
-        raise UsageError(f"--format {args.format} writes pre-annotations of images; a video takes --format coco")
+    kinds = [classify_source(s) for s in options.sources]
+    streams = [s for s, kind in zip(options.sources, kinds) if kind in ("video", "webcam")]
+    if streams and len(options.sources) > 1:
+        raise UsageError(f"a video or webcam ({streams[0]}) must be the only SOURCE")
+    sharded.check_shard_flags(options, kinds[0] if streams else None)
+    if options.nproc_per_node is not None:  # N copies of this command, one shard each
+        return sharded.spawn_shards(options)
+    paths = names = source = None
     if streams:
         source = int(streams[0]) if kinds[0] == "webcam" else Path(streams[0]).expanduser()
-        if kinds[0] == "webcam" and args.json_array:
-            raise UsageError("--json-array: a webcam runs until it is stopped; its --json is JSON Lines only")
-        if kinds[0] == "video":
-            from vitpose.inference.video import check_video_file
-
-            check_video_file(source)
-        if args.segment is not None:  # frame ranges as work units: this shard's, args.json its file
-            plan = sharded.plan_segments(args, source)
-        check_outputs(args, [] if kinds[0] == "webcam" else [source], video_source=source)
-        if args.boxes is not None:  # its errors before the model loads (run_video reads it for the frames)
-            read_boxes_file(args.boxes)
-        paths = names = None
+        plan, options = _video_plan(options, source, kinds[0])
     else:
-        # image files named one by one are a bounded input: their --json is one COCO results list
-        # (as COCO.loadRes reads it); folders stream JSON Lines
-        args.json_array = args.json_array or (not args.resume and all(kind == "image" for kind in kinds))
-        paths = list_images([str(Path(s).expanduser()) for s in args.source])
-        names = output_names(paths)
-        image_ids(names)  # duplicate ids: an error before any work
-        plan = sharded.plan_images(args, paths, names)  # --shard K/N (or a launcher's): this shard's images
-        if plan is not None:
-            paths = plan.paths
-        check_outputs(args, paths)
-    boxes = read_boxes(args, names)
-    if args.engine == "ray":  # the model runs in Ray's actors, not here
+        options, paths, names, plan = _image_plan(options, kinds)
+    boxes = read_boxes(options, names)
+    if options.engine == "ray":  # the model runs in Ray's actors, not here
         from vitpose.integrations.ray import predict_with_ray
 
-        return predict_with_ray(args, plan, boxes)
-    predictor = build_predictor(args)  # after the sources, the outputs and the boxes file are checked
+        return predict_with_ray(options, plan, boxes)
+    predictor = build_predictor(options.model)  # after the sources, the outputs and the boxes file are checked
     with StopOnSignal() as stop:
         if plan is not None and streams:
-            return sharded.predict_segments(predictor, plan, args, stop.event)
+            return sharded.predict_segments(predictor, plan, options, stop.event)
         if streams:
             from vitpose.inference.video import run_video  # the video pipeline (decode, detect and pose overlapped)
 
-            return run_video(predictor, source, args, stop=stop.event).exit_status
-        if args.track or args.smooth or args.det_every != 1:
+            return run_video(predictor, source, options, stop=stop.event).exit_status
+        if options.track or options.smooth or options.det_every != 1:
             print("vitpose predict: note: --track, --smooth and --det-every apply to videos; ignored for images",
                   file=sys.stderr)
-        return predict_images(predictor, paths, args, boxes, stop)
-
-
-# ----------------------------------------------------------------------------------------------
-# Images
-
-
-class _ImageRun:
-    """The outputs and tallies of one run over image files."""
-
-    def __init__(self, predictor, args, names: list[str]):
-        self.predictor, self.args = predictor, args
-        self.ids, _ = image_ids(names)
-        self.results = None
-        if getattr(args, "shard_plan", None) is not None and args.json is not None:  # units.ShardFile
-            self.results = args.shard_plan.results_file()
-        elif args.json is not None and getattr(args, "format", "coco") != "coco":
-            self.results = ResultsFile(args.json, "file_name", array=True, render=_annotation_writer(args, predictor))
-        elif args.json is not None:
-            self.results = ResultsFile(args.json, "file_name", array=args.json_array, resume=args.resume)
-        self.failed: list[str] = []
-        self.traceback_shown = False
-        self.people = self.nobody = self.done = 0
-        self.skeleton = getattr(predictor, "skeleton", None)
-        self.drawing_of = dict(zip(names, drawing_names(names))) if args.out is not None else {}
-        self.renamed = sorted(name for name, drawn in self.drawing_of.items() if drawn != name)
-        self.exif_noted = False
-
-    def note_exif_orientation(self, paths, images) -> None:
-        """With --boxes, one note for the first image that has an EXIF orientation: OpenCV decodes
-        it turned or mirrored upright, and its boxes are taken in that frame."""
-        from vitpose.data.image_io import exif_orientation
-
-        if self.exif_noted:
-            return
-        for path, image in zip(paths, images):
-            orientation = exif_orientation(path)
-            if orientation != 1:
-                self.exif_noted = True
-                print(f"vitpose predict: note: {path} has EXIF orientation {orientation}: it is decoded turned "
-                      f"upright ({image.shape[1]}x{image.shape[0]}, as a viewer shows it) and --boxes are taken "
-                      f"in that frame, not the stored pixels' (noted for the first such image only)",
-                      file=sys.stderr)
-                return
-
-    def predict(self, images, given, names) -> list:
-        """The predictor on a chunk of images; when it fails, image by image (one bad image costs one)."""
-        try:
-            return self.predictor(images, boxes=given, channels="bgr")
-        except Exception as e:  # noqa: BLE001 - any failure on one image's pixels costs that image
-            if len(images) > 1:
-                return [self.predict([i], None if given is None else [g], [n])[0]
-                        for i, g, n in zip(images, given or [None] * len(images), names)]
-            self.failed.append(f"{names[0]}: {type(e).__name__}: {e}")
-            if not isinstance(e, UserError) and not self.traceback_shown:
-                # not an input the code explains: maybe a bug. The image is counted and skipped as
-                # before, but a bug is never only "an input failed": its traceback, once.
-                self.traceback_shown = True
-                print(f"vitpose predict: {names[0]} failed with an error that is not about the input; "
-                      f"its traceback (a bug in vitpose, please report it unless it names the file):",
-                      file=sys.stderr)
-                traceback.print_exc()
-            return [None]
-
-    def output(self, name: str, image_id: int, image, poses) -> None:
-        from vitpose.files import write_image
-        from vitpose.inference.draw import draw_people
-
-        timer = self.predictor.timer
-        if self.results is not None:
-            with timer.stage("write"):
-                # the pre-annotation formats need the size; `vitpose serve` answers with the same records
-                with_size = getattr(self.args, "format", "coco") != "coco"
-                records, nonfinite = image_records(poses, name, image_id, image.shape[:2] if with_size else None)
-                if hasattr(self.results, "write_item"):  # a shard file: the image's unit, ended
-                    self.results.write_item(name, records, nonfinite)
-                else:
-                    self.results.write(records, nonfinite)
-        self.people += len(poses)
-        self.nobody += len(poses) == 0
-        self.done += 1
-        if self.args.out is not None:
-            with timer.stage("draw"):
-                canvas = draw_people(image, poses, self.skeleton, self.args.keypoint_threshold, "bgr")
-            drawn = self.args.out / self.drawing_of.get(name, name)
-            with timer.stage("write"):
-                try:  # through a numpy buffer and the atomic writer: any file name the OS allows
-                    write_image(drawn, canvas)
-                except (OSError, ValueError) as e:
-                    self.failed.append(f"{name}: could not write {drawn} ({e})")
-
-
-# Decoded pixels held at once by one chunk of images (50 MP: 150 MB as BGR): a chunk ends at
-# --batch-images images or at this many pixels, whichever comes first, so a folder of 12000x9000
-# photos is done one image at a time instead of eight (one image alone is bounded by the pixel
-# limit of vitpose.files, read from its header before decoding).
-CHUNK_PIXELS = 50_000_000
-
-
-def _decode_chunk(queue, paths: list[Path], batch_images: int, failed: list[str]):
-    """The next images of `queue` (indices into `paths`), decoded, up to `batch_images` images or
-    CHUNK_PIXELS pixels -> (indices, BGR images, how many were taken incl. failures)."""
-    from vitpose.data.errors import DataError
-    from vitpose.data.image_io import load_image
-
-    chunk, images, taken, pixels = [], [], 0, 0
-    while len(chunk) < batch_images and pixels < CHUNK_PIXELS:
-        i = next(queue, None)
-        if i is None:
-            break
-        taken += 1
-        try:
-            image = load_image(paths[i])[0]  # BGR; missing, empty, truncated and oversized files raise
-        except DataError as e:
-            failed.append(str(e))
-            continue
-        chunk.append(i)
-        images.append(image)
-        pixels += image.shape[0] * image.shape[1]
-    return chunk, images, taken
-
-
-def predict_images(predictor, paths: list[Path], args, boxes=(None, None), stop=None) -> int:
-    """Poses of image files, `args.batch_images` at a time; results, drawings and the summary."""
-    from tqdm import tqdm
-
-    predictor.timer.reset()
-    names = output_names(paths)
-    state = _ImageRun(predictor, args, names)
-    table, key = boxes if boxes is not None else (None, None)
-    todo = [i for i, name in enumerate(names) if state.results is None or name not in state.results.done]
-    if table is not None:
-        _note_unused(table, key, names, state.ids)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-    interrupted = False
-    try:
-        with tqdm(total=len(todo), unit="img", desc="predict", dynamic_ncols=True, file=sys.stderr) as bar:
-            queue = iter(todo)
-            while not interrupted:
-                if stop is not None and stop.event.is_set():
-                    interrupted = True
-                    break
-                with predictor.timer.stage("decode"):
-                    chunk, images, taken = _decode_chunk(queue, paths, args.batch_images, state.failed)
-                if not taken:
-                    break
-                given = None
-                if table is not None:
-                    state.note_exif_orientation([paths[i] for i in chunk], images)
-                    given = [_boxes_of(table, key, names[i], state.ids[i], image) for i, image in zip(chunk, images)]
-                found = state.predict(images, given, [names[i] for i in chunk]) if chunk else []
-                for i, image, poses in zip(chunk, images, found):
-                    if poses is not None:
-                        state.output(names[i], state.ids[i], image, poses)
-                bar.update(taken)
-    finally:
-        where = _close_results(state, completed=not interrupted)
-    print_summary(state, len(paths) - len(todo), where, interrupted, stop)
-    if interrupted:
-        return EXIT_INTERRUPTED
-    return EXIT_FAILED if state.failed else EXIT_OK
-
-
-def _annotation_writer(args, predictor):
-    """records -> the text of `--format labelstudio | cvat` (`vitpose.inference.records.render_records`)."""
-    from vitpose.data.metainfo import dataset_info
-    from vitpose.inference.records import render_records
-
-    skeleton = getattr(predictor, "skeleton", None) or dataset_info("coco")
-    return lambda records: render_records(records, args.format, skeleton, args.mark_below)
-
-
-def _boxes_of(table, key: str, name: str, image_id: int, image) -> np.ndarray:
-    found = table.lookup(key, name if key == "file_name" else image_id, (image.shape[1], image.shape[0]))
-    return np.concatenate([found.boxes, found.scores[:, None]], axis=1)
-
-
-def _note_unused(table, key: str, names: list[str], ids: list[int]) -> None:
-    unused = sorted(set(table.by_key.get(key, {})) - set(names if key == "file_name" else ids), key=str)
-    if unused:
-        print(f"vitpose predict: note: {table.path} has boxes for {len(unused)} images ({key}) that are not in "
-              f"the source (e.g. {unused[:3]})", file=sys.stderr)
-
-
-def _close_results(state: _ImageRun, completed: bool):
-    if state.results is None:
-        return None
-    with state.predictor.timer.stage("write"):
-        # a run in which every image failed replaces nothing
-        return state.results.close(completed and (state.done > 0 or not state.failed))
-
-
-def print_summary(state: _ImageRun, resumed: int, json_path, interrupted: bool, stop) -> None:
-    from vitpose.files import STDOUT
-
-    timer = state.predictor.timer
-    timer.seconds = timer.ordered(STAGES)
-    # with --json /dev/stdout the results own stdout: the summary goes to stderr
-    report = sys.stderr if state.results is not None and state.results.stream == STDOUT else sys.stdout
-    print(f"{state.done} images, {state.people} people"
-          + (f", {state.nobody} images with nobody found" if state.nobody else "")
-          + (f" ({resumed} already in {state.args.json}, skipped)" if resumed else ""), file=report)
-    print(timer.summary(state.done, "image"), file=report)
-    written = [str(p) for p in (state.args.out, json_path) if p is not None]
-    if written:
-        print("written: " + ", ".join(written), file=report)
-    if state.args.precision == "auto":
-        from vitpose.device import auto_precision_reason
-
-        reason = auto_precision_reason()  # set where a CPU's bf16 was timed (the figure behind the choice)
-        if reason:
-            print(reason, file=report)
-    if state.renamed:
-        print(f"vitpose predict: note: {len(state.renamed)} images are in a format that cannot hold a colour "
-              f"picture; drawn as PNG: {state.renamed[0]} -> {state.drawing_of[state.renamed[0]]}"
-              + (" ..." if len(state.renamed) > 1 else ""), file=sys.stderr)
-    if state.results is not None and state.results.nonfinite:
-        print(f"vitpose predict: warning: {state.results.nonfinite} keypoint or score values were not finite "
-              f"and are written as null", file=sys.stderr)
-    if interrupted:
-        why = stop.signal_name if stop is not None and stop.signal_name else "the user"
-        if json_path is not None and Path(json_path) != Path(state.args.json):
-            hint = (f"; {state.args.json} is unchanged, this run's results so far are in {json_path} (run again "
-                    f"with --resume to finish them)")
-        else:
-            hint = "; run again with --resume to finish --json" if state.args.json is not None else ""
-        print(f"vitpose predict: interrupted by {why} after {state.done} images{hint}", file=sys.stderr)
-    if state.failed:
-        print(f"vitpose predict: {len(state.failed)} images skipped (missing, unreadable or failed) or not written:",
-              file=sys.stderr)
-        for why in state.failed[:20]:
-            print(f"  {why}", file=sys.stderr)
-        if len(state.failed) > 20:
-            print(f"  ... and {len(state.failed) - 20} more", file=sys.stderr)
+        return predict_images(predictor, paths, options, boxes, stop, plan=plan)

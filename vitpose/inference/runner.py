@@ -20,10 +20,62 @@ from __future__ import annotations
 import sys
 import traceback
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
 
 from vitpose.errors import UserError
 
-__all__ = ["Failures", "predict_chunk"]
+__all__ = ["Failures", "PredictOptions", "predict_chunk"]
+
+
+@dataclass(frozen=True)
+class PredictOptions:
+    """What a prediction run does with its predictor, typed (`vitpose predict` builds it from its
+    flags in `vitpose.cli.predict`; the library takes it, never the parsed command line).
+
+    Outputs: `json` (results file, or a directory / `{shard}` pattern of a sharded run),
+    `json_array` (one JSON list at the end), `resume`, `format` ("coco" | "labelstudio" | "cvat"),
+    `mark_below`, `out` (drawings, or a drawn video), `keypoint_threshold` (drawing). Video: `track`,
+    `smooth`, `det_every` / `det_lost_ratio` (the detector on every N-th frame), `batch_frames`
+    (frames per call; default `batch_images`, 1 for a camera), `pipeline` ("auto" | "threads" |
+    "sequential"), `tracker_options` / `smooth_options` (keyword arguments of `Tracker` /
+    `KeypointSmoother`). Work: `sources`, `boxes` (a detection results JSON), `batch_images`,
+    `progress` (a progress bar), `quiet` (no summary). Scale-out: `shard` ("K/N"), `segment`
+    (frames per unit of a video), `nproc_per_node`, `engine` ("local" | "ray"), `workers`,
+    `ray_address`, `argv` (the command's own arguments, for a launcher that starts it again),
+    `model` (the door's `ModelOptions`, for runs that open the model elsewhere: Ray's actors).
+    """
+
+    sources: tuple[str, ...] = ()
+    model: object = None  # vitpose.inference.door.ModelOptions
+    boxes: Path | str | None = None
+    out: Path | str | None = None
+    json: Path | str | None = None
+    json_array: bool = False
+    resume: bool = False
+    format: str = "coco"
+    mark_below: float = 0.3
+    keypoint_threshold: float = 0.3
+    track: bool = False
+    smooth: bool = False
+    det_every: int = 1
+    det_lost_ratio: float = 0.5
+    batch_images: int = 8
+    batch_frames: int | None = None
+    pipeline: str = "auto"
+    progress: bool = True
+    quiet: bool = False
+    tracker_options: dict | None = None
+    smooth_options: dict | None = None
+    shard: str | None = None
+    segment: int | None = None
+    nproc_per_node: int | None = None
+    engine: str = "local"
+    workers: int | None = None
+    ray_address: str | None = None
+    argv: tuple[str, ...] = ()
 
 
 class Failures:
@@ -69,10 +121,17 @@ class Failures:
             print(f"  ... and {len(self.lines) - limit} more", file=sys.stderr)
 
 
+def _as_array(found):
+    """`Detections` -> (M, 5) xyxy + score, what every predictor's call takes."""
+    if found is None or not hasattr(found, "scores"):
+        return found
+    return np.concatenate([found.boxes, found.scores[:, None]], axis=1)
+
+
 def _boxes_of(images, labels, boxes, box_lookup):
     if box_lookup is not None:
-        return [box_lookup(label, (image.shape[1], image.shape[0])) for image, label in zip(images, labels)]
-    return None if boxes is None else list(boxes)
+        return [_as_array(box_lookup(label, (image.shape[1], image.shape[0]))) for image, label in zip(images, labels)]
+    return None if boxes is None else [_as_array(b) for b in boxes]
 
 
 def predict_chunk(predictor, images: Sequence, boxes: Sequence | None, labels: Sequence, failures: Failures, *,
@@ -82,18 +141,21 @@ def predict_chunk(predictor, images: Sequence, boxes: Sequence | None, labels: S
     images: (H, W, 3) uint8 arrays; boxes: per image an (M, 4|5) array, `Detections` or None (the
     detector), or None for all; labels: what names each item in `failures` (a file name, `frame 12`,
     a request number); box_lookup(label, (w, h)) -> the item's boxes (instead of `boxes`), whose
-    errors (a box far outside its image) cost that item like any other."""
+    errors (a box far outside its image) stop the run: the file is the user's to fix."""
     images, labels = list(images), list(labels)
     if not images:
         return []
+    # The boxes first, outside the per-item rule: a --boxes file whose box lies far outside its image
+    # is the user's file to fix, and every path (local, segments, Ray) refuses it the same way.
+    given = _boxes_of(images, labels, boxes, box_lookup)
     try:
-        given = _boxes_of(images, labels, boxes, box_lookup)
-        return list(predictor(images, boxes=given, box_format=box_format, channels=channels))
+        extra = {} if box_format == "xyxy" else {"box_format": box_format}
+        return list(predictor(images, boxes=given, channels=channels, **extra))
     except Exception as e:  # noqa: BLE001 - any failure on one item's pixels or boxes costs that item
         if len(images) == 1:
             failures.add(labels[0], e)
             return [None]
-    per_item = [None] * len(images) if boxes is None else list(boxes)
-    return [predict_chunk(predictor, [image], [b] if boxes is not None else None, [label], failures,
-                          box_lookup=box_lookup, channels=channels, box_format=box_format)[0]
+    per_item = [None] * len(images) if given is None else given
+    return [predict_chunk(predictor, [image], [b] if given is not None else None, [label], failures,
+                          channels=channels, box_format=box_format)[0]
             for image, b, label in zip(images, per_item, labels)]

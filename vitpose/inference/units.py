@@ -45,7 +45,8 @@ from pathlib import Path
 import numpy as np
 
 from vitpose.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, UserError
-from vitpose.files import create_exclusive, fsync_dir, write_atomic
+from vitpose.files import create_exclusive, write_atomic
+from vitpose.inference.writers import PARTIAL_SUFFIX, ResultsFile
 
 __all__ = ["MANIFEST_NAME", "Merged", "ShardFile", "WorkUnit", "join_tracks", "merge_shards", "parse_shard",
            "read_manifest", "read_shard_file", "segment_units", "shard_file_path", "shard_from_environment",
@@ -245,48 +246,45 @@ def read_manifest(directory: Path) -> list[dict]:
 # Shard files
 
 
-PARTIAL_SUFFIX = ".partial"  # as `vitpose predict --json`'s partial files (vitpose.inference.pipeline)
-
-
-class ShardFile:
-    """This shard's file: records unit by unit, each unit ended by its end line (one flushed write
-    per unit, or per frame of a video segment).
+class ShardFile(ResultsFile):
+    """This shard's file: the results file's writer protocol (`begin(unit)`, `add(records)`,
+    `end()`, `close(completed)`, and its full-disk and partial-file handling) with a header line
+    first and an end line after each unit's records.
 
     `resume=True` continues an existing file: what follows its last end line (a unit cut off by a
-    kill) is truncated and done again; `done` holds the ids of the units it holds. Without
+    kill) is truncated and done again; `done_units` holds the ids of the units it holds. Without
     `resume` an existing file is replaced only when the run completes (until then the records go
-    to a new `.<name>.XXXXXXXX.partial` beside it, created exclusively), as `--json` is. `units` maps a name (an image's file_name) to its unit
-    for `write_item`; `image_id`s are the manifest's.
+    to a new `.<name>.XXXXXXXX.partial` beside it, created exclusively), as `--json` is. `units`
+    maps a name (an image's file_name) to its unit, so `begin` takes a name or a `WorkUnit`;
+    an image's records get the manifest's `image_id`.
     """
 
     def __init__(self, path: Path, shard: int, shards: int, units: Sequence[WorkUnit] = (), resume: bool = False):
-        self.path, self.shard, self.shards = Path(path), shard, shards
+        # The shard file's own opening rules (below); the protocol's state as the results file keeps it.
+        self.path, self.key, self.array, self.flag, self.render = Path(path), "unit", False, "--json", None
+        self.shard, self.shards = shard, shards
+        self.records, self.nonfinite, self.count, self.failed, self.stream = [], 0, 0, False, None
+        self.unit, self._open_records = None, 0
         self.by_name = {u.file_name: u for u in units if u.file_name is not None}
         self.done_units: set[str] = set()
-        self.nonfinite = 0
-        self.count = 0
-        self._open_unit: str | None = None
-        self._open_records = 0
-        header = json.dumps({HEADER_KEY: f"{shard}/{shards}"}) + "\n"
+        self.existed = os.path.lexists(self.path)
         # Opened without following links, created exclusively: a link planted at the shard file's
-        # name, or at a guessable partial name beside it, never redirects a write (issue 28, N2).
+        # name, or at a guessable partial name beside it, never redirects a write.
         if resume and self.path.is_file() and not self.path.is_symlink() and self.path.stat().st_size:
             self._truncate_to_complete_units()
             self.target = self.path
-            self.file = os.fdopen(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW), "a", encoding="utf-8")
-        else:  # (an empty file resumed: killed before its header was written)
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            if os.path.lexists(self.path) and not (resume and self.path.is_file() and not self.path.is_symlink()):
-                fd, self.target = create_exclusive(self.path, PARTIAL_SUFFIX)  # replaced on completion
-            else:
-                self.target = self.path
-                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | (
-                    0 if resume else os.O_EXCL), 0o666)
-            self.file = os.fdopen(fd, "w", encoding="utf-8")
-            self.file.write(header)
-            self.file.flush()
-
-    stream = None  # a shard file is always a regular file (no device or pipe: it is renamed and resumed)
+            self.file = os.fdopen(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW), "ab")
+            return
+        # (an empty file resumed: killed before its header was written)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.existed and not (resume and self.path.is_file() and not self.path.is_symlink()):
+            fd, self.target = create_exclusive(self.path, PARTIAL_SUFFIX)  # replaced on completion
+        else:
+            self.target = self.path
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | (0 if resume else os.O_EXCL),
+                         0o666)
+        self.file = os.fdopen(fd, "wb")
+        self._write_text(json.dumps({HEADER_KEY: f"{shard}/{shards}"}) + "\n")
 
     @property
     def done(self) -> set[str]:
@@ -306,52 +304,24 @@ class ShardFile:
             os.close(fd)
         self.done_units = set(contents.units)
 
-    def begin(self, unit: WorkUnit) -> None:
-        self._open_unit, self._open_records = unit.id, 0
+    def begin(self, unit) -> None:
+        self.unit = self.by_name[unit] if isinstance(unit, str) else unit
+        self._open_records = 0
 
-    def add(self, records: list[dict], nonfinite: int = 0, image_id: int | None = None) -> None:
-        """Records of the open unit (a frame's, or an image's), written and flushed together."""
-        self.nonfinite += nonfinite
-        self.count += len(records)
+    def add(self, records: list[dict], nonfinite: int = 0) -> None:
         self._open_records += len(records)
-        lines = []
-        for record in records:
-            record = dict(record, unit=self._open_unit)
-            if image_id is not None:
-                record["image_id"] = image_id
-            lines.append(json.dumps(record, allow_nan=False) + "\n")
-        if lines:
-            self.file.write("".join(lines))
-            self.file.flush()
+        super().add(records, nonfinite)
+
+    def _line(self, record: dict) -> str:
+        record = dict(record, unit=self.unit.id)
+        if self.unit.image_id is not None:
+            record["image_id"] = self.unit.image_id
+        return json.dumps(record, allow_nan=False) + "\n"
 
     def end(self) -> None:
-        self.file.write(json.dumps({DONE_KEY: self._open_unit, "records": self._open_records}) + "\n")
-        self.file.flush()
-        self.done_units.add(self._open_unit)
-        self._open_unit = None
-
-    def write_item(self, name: str, records: list[dict], nonfinite: int = 0) -> None:
-        """The records of the image `name` (its whole unit: records and end line in one write)."""
-        unit = self.by_name[name]
-        self.begin(unit)
-        self.nonfinite += nonfinite
-        self.count += len(records)
-        lines = [json.dumps(dict(r, unit=unit.id, image_id=unit.image_id), allow_nan=False) + "\n" for r in records]
-        lines.append(json.dumps({DONE_KEY: unit.id, "records": len(records)}) + "\n")
-        self.file.write("".join(lines))
-        self.file.flush()
-        self.done_units.add(unit.id)
-        self._open_unit = None
-
-    def close(self, completed: bool) -> Path:
-        self.file.flush()
-        os.fsync(self.file.fileno())
-        self.file.close()
-        if completed and self.target != self.path:
-            os.replace(self.target, self.path)
-            fsync_dir(self.path.parent)
-            return self.path
-        return self.target
+        self._write_text(json.dumps({DONE_KEY: self.unit.id, "records": self._open_records}) + "\n")
+        self.done_units.add(self.unit.id)
+        self.unit = None
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Poses on a video file or a webcam: `run_video(predictor, source, args) -> VideoSummary`.
+"""Poses on a video file or a webcam: `run_video(predictor, source, options) -> VideoSummary`.
 
 `vitpose predict video.mp4` (and `vitpose predict 0` for webcam 0) land here. The work per batch
 of frames: decode (OpenCV VideoCapture), then the predictor on the batch (`predictor(frames)`:
@@ -6,7 +6,7 @@ detect, crop, pose, decode heatmaps: `vitpose.inference.pipeline.TopDown`, the s
 through too), then in frame order track / smooth (post-processing of the `Poses`), JSON records,
 draw, write the video.
 
-Two schedules run these steps (`args.pipeline`):
+Two schedules run these steps (`options.pipeline`):
 - "threads": a reader thread decodes ahead, the main thread runs the predictor, a writer
   thread tracks, draws and writes; bounded queues between them keep memory flat on any length.
   OpenCV's decoder, warps and drawing and torch's kernels release the GIL, so the stages overlap;
@@ -25,15 +25,14 @@ in it has no records. `stop` (a threading.Event, set by the command's SIGINT/SIG
 ends the run after the frames in flight: the video file is closed (playable), the JSON Lines end
 at a whole frame, and the summary says it was interrupted.
 
-JSON (`args.json`): JSON Lines, one COCO results record per person with `frame` (0-based frame
+JSON (`options.json`): JSON Lines, one COCO results record per person with `frame` (0-based frame
 index) in place of `image_id` (`vitpose.inference.pipeline.coco_records`), flushed frame by frame;
-`args.json_array` writes one JSON array at the end instead (video files only). `args.resume`
+`options.json_array` writes one JSON array at the end instead (video files only). `options.resume`
 continues a JSON Lines file: the frames it holds are skipped.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import queue
 import shutil
@@ -51,129 +50,14 @@ from vitpose.files import as_path, create_private, free_space, opencv_path, rena
 from vitpose.inference.draw import draw_people
 from vitpose.inference.pipeline import VIDEO_SUFFIXES, ResultsFile, coco_records, video_boxes
 from vitpose.inference.results import Poses
+from vitpose.inference.runner import Failures, PredictOptions, predict_chunk
 from vitpose.inference.tracking import DetectionSchedule, KeypointSmoother, Tracker
+from vitpose.run.sources import DEFAULT_FPS, Frame, FrameReader, VideoError, check_video_file  # noqa: F401 - re-exported
 
 __all__ = ["FrameReader", "VideoError", "VideoFile", "VideoWriteError", "VideoSummary", "check_video_file", "open_video_writer", "output_video_path",
            "run_video"]
 
 STAGES = ("decode", "detect", "crop", "pose", "decode heatmaps", "track", "draw", "write")
-DEFAULT_FPS = 30.0  # for cameras that do not say their rate
-
-
-class VideoError(UserError, ValueError):
-    """A video or camera that cannot be used, explained in one line."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading
-
-
-@dataclass
-class Frame:
-    index: int  # position in the source, counting frames that failed to decode
-    bgr: np.ndarray  # (H, W, 3) uint8 as decoded (the predictor takes it with channels="bgr")
-
-
-class FrameReader:
-    """Frames of a video file or a camera, with decode failures counted instead of fatal.
-
-    Args:
-        source: a video file path, or a camera index (int).
-        max_failures: consecutive failed reads after which the video is taken to have ended
-            (a truncated file fails on every read from the cut on).
-        stop: an Event that ends the iteration (a signal handler's, or the pipeline's own).
-
-    Iterating yields `Frame`s. Afterwards: `skipped` (indices of frames that failed to decode
-    and were followed by good ones), `missing_at_end` (frames the container declares but that
-    never decoded), `frames_decoded`. `fps` is the container's rate (DEFAULT_FPS when a camera
-    gives none), `frame_count` the declared count (None when unknown), `size` (w, h).
-    """
-
-    def __init__(self, source, max_failures: int = 25, stop: threading.Event | None = None):
-        self.webcam = isinstance(source, int)
-        self.source = source
-        self.name = f"webcam {source}" if self.webcam else str(source)
-        if not self.webcam:
-            check_video_file(Path(source))
-        if self.webcam:
-            self.capture = cv2.VideoCapture(source)
-        else:  # a name that is not UTF-8 crashes OpenCV: through an ASCII-named link, removed once open
-            with opencv_path(source) as name:
-                self.capture = cv2.VideoCapture(name)
-        if not self.capture.isOpened():
-            self.capture.release()
-            if self.webcam:
-                raise VideoError(f"webcam {source}: the camera could not be opened (is it connected, and "
-                                 f"not used by another program? cameras are numbered from 0)")
-            raise VideoError(f"{source}: OpenCV cannot open this file as a video (not a video, or a codec "
-                             f"this OpenCV build lacks)")
-        fps = self.capture.get(cv2.CAP_PROP_FPS)
-        self.fps_declared = bool(fps and math.isfinite(fps) and fps > 0)
-        self.fps = float(fps) if self.fps_declared else DEFAULT_FPS
-        count = self.capture.get(cv2.CAP_PROP_FRAME_COUNT)
-        self.frame_count = int(count) if not self.webcam and count and count > 0 else None
-        self.size = (int(self.capture.get(cv2.CAP_PROP_FRAME_WIDTH)), int(self.capture.get(cv2.CAP_PROP_FRAME_HEIGHT)))
-        self.max_failures = int(max_failures)
-        self.skipped: list[int] = []
-        self.wrong_size: list[int] = []
-        self.missing_at_end = 0
-        self.frames_decoded = 0
-        self.stop = threading.Event()  # the pipeline's own: set when it ends, whatever the reason
-        self.requested = stop  # the caller's (a signal): the run was interrupted
-        self.decode_seconds = 0.0
-
-    def _stopped(self) -> bool:
-        return self.stop.is_set() or (self.requested is not None and self.requested.is_set())
-
-    def _expected_more(self, index: int) -> bool:
-        return self.frame_count is None or index < self.frame_count
-
-    def __iter__(self):
-        index, pending = 0, []  # pending: consecutive failed reads not yet known to be corrupt
-        try:
-            while not self._stopped():
-                start = time.perf_counter()
-                ok, bgr = self.capture.read()
-                good = ok and bgr is not None and bgr.ndim == 3 and bgr.shape[2] == 3
-                if good and self.frames_decoded == 0:
-                    self.size = (bgr.shape[1], bgr.shape[0])  # what the container said may be 0x0
-                if good and (bgr.shape[1], bgr.shape[0]) != self.size:
-                    self.wrong_size.append(index)  # cannot go into a video of the first size
-                    good = False
-                self.decode_seconds += time.perf_counter() - start
-                if good:
-                    self.skipped.extend(pending)  # failures followed by a good frame: corrupt frames
-                    pending = []
-                    self.frames_decoded += 1
-                    yield Frame(index, bgr)
-                elif self.wrong_size and self.wrong_size[-1] == index:
-                    self.skipped.extend(pending + [index])
-                    pending = []
-                else:
-                    pending.append(index)
-                    if not self._expected_more(index + 1) or len(pending) >= self.max_failures:
-                        break
-                index += 1
-        finally:
-            # Failed reads at the end are the end of the video; those before the declared count
-            # are frames the file promised and did not give.
-            if self.frame_count is not None and not self._stopped():
-                self.missing_at_end = max(0, self.frame_count - (self.frames_decoded + len(self.skipped)))
-            self.capture.release()
-
-
-
-
-def check_video_file(path: Path) -> None:
-    """A missing, unreadable or empty file: one line before OpenCV sees it."""
-    if not path.exists():
-        raise VideoError(f"video not found: {path}")
-    if not path.is_file():
-        raise VideoError(f"not a video file: {path}")
-    if not os.access(path, os.R_OK):
-        raise VideoError(f"video not readable (permissions): {path}")
-    if path.stat().st_size == 0:
-        raise VideoError(f"{path}: the file is empty (0 bytes)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -372,20 +256,21 @@ class _Writer:
     """Frame-ordered outputs: tracking and smoothing (post-processing of the `Poses`), JSON
     records, drawing, the video file."""
 
-    def __init__(self, args, predictor, reader: FrameReader, summary: VideoSummary, results, progress):
+    def __init__(self, options: PredictOptions, predictor, reader: FrameReader, summary: VideoSummary, results,
+                 progress):
         self.timer = predictor.timer
         self.skeleton = getattr(predictor, "skeleton", None)
         self.summary, self.results, self.progress = summary, results, progress
-        track, smooth = bool(getattr(args, "track", False)), bool(getattr(args, "smooth", False))
+        track, smooth = options.track, options.smooth
         self.report_ids = track
-        self.tracker = Tracker(**(getattr(args, "tracker_options", None) or {})) if (track or smooth) else None
-        self.smoother = (KeypointSmoother(reader.fps, **(getattr(args, "smooth_options", None) or {}))
+        self.tracker = Tracker(**(options.tracker_options or {})) if (track or smooth) else None
+        self.smoother = (KeypointSmoother(reader.fps, **(options.smooth_options or {}))
                          if smooth else None)
         self.video = None
-        out = getattr(args, "out", None)
+        out = options.out
         self.video_path = output_video_path(out, reader.source) if out else None
         self.fps = reader.fps
-        self.keypoint_thr = float(getattr(args, "keypoint_threshold", None) or 0.3)
+        self.keypoint_thr = float(options.keypoint_threshold)
         self.next_index = None  # the next source frame the video needs
         self.last_drawn = None
         if self.tracker is not None and self.report_ids and results is not None and results.done:
@@ -481,44 +366,41 @@ def _nobody(frame: Frame) -> Poses:
                  np.zeros((0, 0), np.float32), frame=frame.index)
 
 
-def _predict_frames(predictor, frames: list[Frame], boxes, failed: list[str],
+def _predict_frames(predictor, frames: list[Frame], boxes, failures: Failures,
                     schedule: DetectionSchedule | None = None) -> list[tuple[Frame, Poses | None]]:
-    """The predictor on a batch of frames; when it fails, frame by frame, so that one bad frame
-    costs one frame (its failure is listed in `failed`). With a `schedule` (`--det-every N`) the
-    frames go one by one: each one's boxes come from the previous frame's poses."""
+    """The predictor on a batch of frames (`predict_chunk`: one bad frame costs one frame, its
+    failure kept in `failures`). With a `schedule` (`--det-every N`) the frames go one by one:
+    each one's boxes come from the previous frame's poses."""
     table, key = boxes
     if schedule is not None and table is None:
-        return [_predict_followed(predictor, frame, schedule, failed) for frame in frames]
-    given = None
-    if table is not None:
-        given = [np.concatenate([d.boxes, d.scores[:, None]], axis=1)
-                 for d in (table.lookup(key, f.index, (f.bgr.shape[1], f.bgr.shape[0])) for f in frames)]
-    try:
-        found = predictor([f.bgr for f in frames], boxes=given, channels="bgr")
-    except Exception as e:  # noqa: BLE001 - any failure on one frame's pixels costs that frame
-        if len(frames) > 1:
-            return [pair for f in frames for pair in _predict_frames(predictor, [f], boxes, failed)]
-        failed.append(f"frame {frames[0].index}: {type(e).__name__}: {e}")
-        return [(frames[0], None)]
+        return [_predict_followed(predictor, frame, schedule, failures) for frame in frames]
+    lookup = None if table is None else lambda label, size: table.lookup(key, int(label.split()[-1]), size)
+    found = predict_chunk(predictor, [f.bgr for f in frames], None, [f"frame {f.index}" for f in frames], failures,
+                          box_lookup=lookup)
     for frame, poses in zip(frames, found):
-        poses.frame = frame.index
+        if poses is not None:
+            poses.frame = frame.index
     return list(zip(frames, found))
 
 
-def _predict_followed(predictor, frame: Frame, schedule: DetectionSchedule, failed: list[str]):
-    """One frame under `--det-every`: on the carried boxes when the schedule has them, detecting
-    again when it has none or someone was lost on them."""
+def _followed(predictor, frame: Frame, schedule: DetectionSchedule):
+    """One frame's poses on the carried boxes, detecting again when there are none or someone was lost."""
     carried = schedule.boxes_for(frame.index)
-    try:
-        poses = None
-        if carried is not None:
-            poses = predictor([frame.bgr], boxes=[carried], channels="bgr")[0]
-            poses.follows = schedule.carried_from.copy()
-        if poses is None or schedule.lost(poses.keypoint_scores):
-            schedule.detector_frames += 1
-            poses = predictor([frame.bgr], channels="bgr")[0]
-    except Exception as e:  # noqa: BLE001 - any failure on one frame's pixels costs that frame
-        failed.append(f"frame {frame.index}: {type(e).__name__}: {e}")
+    poses = None
+    if carried is not None:
+        poses = predictor([frame.bgr], boxes=[carried], channels="bgr")[0]
+        poses.follows = schedule.carried_from.copy()
+    if poses is None or schedule.lost(poses.keypoint_scores):
+        schedule.detector_frames += 1
+        poses = predictor([frame.bgr], channels="bgr")[0]
+    return [poses]
+
+
+def _predict_followed(predictor, frame: Frame, schedule: DetectionSchedule, failures: Failures):
+    """One frame under `--det-every` (`predict_chunk` on a one-frame chunk of `_followed`)."""
+    poses = predict_chunk(lambda images, **_: _followed(predictor, frame, schedule), [frame.bgr], None,
+                          [f"frame {frame.index}"], failures)[0]
+    if poses is None:
         schedule.carried = None  # detect on the next frame
         return frame, None
     poses.frame = frame.index
@@ -526,50 +408,49 @@ def _predict_followed(predictor, frame: Frame, schedule: DetectionSchedule, fail
     return frame, poses
 
 
-def _schedule(args, predictor, webcam: bool) -> tuple[str, int]:
-    pipeline = getattr(args, "pipeline", None) or "auto"
+def _schedule(options: PredictOptions, predictor, webcam: bool) -> tuple[str, int]:
+    pipeline = options.pipeline or "auto"
     if pipeline not in ("auto", "threads", "sequential"):
         raise ValueError(f"pipeline must be 'auto', 'threads' or 'sequential', got {pipeline!r}")
     if pipeline == "auto":
         pipeline = "threads" if getattr(predictor, "device", None) is not None and \
             predictor.device.type == "cuda" else "sequential"
-    batch_frames = getattr(args, "batch_frames", None)
+    batch_frames = options.batch_frames
     if batch_frames is None:  # a camera: each frame as soon as it comes
-        batch_frames = 1 if webcam else (getattr(args, "batch_images", None) or 8)
+        batch_frames = 1 if webcam else (options.batch_images or 8)
     if int(batch_frames) < 1:
         raise UserError(f"--batch-images: frames per batch must be >= 1, got {batch_frames}")
     return pipeline, int(batch_frames)
 
 
-def _detection_schedule(args, boxes) -> DetectionSchedule | None:
+def _detection_schedule(options: PredictOptions, boxes) -> DetectionSchedule | None:
     """`--det-every N` (N > 1): the detector on every N-th frame, carried poses between."""
-    every = getattr(args, "det_every", None) or 1
+    every = options.det_every or 1
     if int(every) < 1:
         raise UserError(f"--det-every: detect every N frames with N >= 1, got {every}")
     if int(every) == 1:
         return None
     if boxes[0] is not None:
         raise UserError("--det-every with --boxes: the boxes file already gives every frame's people; leave one out")
-    return DetectionSchedule(int(every), lost_ratio=getattr(args, "det_lost_ratio", None) or 0.5)
+    return DetectionSchedule(int(every), lost_ratio=options.det_lost_ratio or 0.5)
 
 
-def _results_file(args, webcam: bool):
-    if not getattr(args, "json", None):
+def _results_file(options: PredictOptions, webcam: bool):
+    if not options.json:
         return None
-    if getattr(args, "json_array", False) and webcam:
+    if options.json_array and webcam:
         raise UserError("--json-array: a webcam runs until it is stopped; its results are JSON Lines only")
-    return ResultsFile(args.json, "frame", array=bool(getattr(args, "json_array", False)),
-                       resume=bool(getattr(args, "resume", False)))
+    return ResultsFile(options.json, "frame", array=options.json_array, resume=options.resume)
 
 
-def run_video(predictor, source, args, stop: threading.Event | None = None) -> VideoSummary:
+def run_video(predictor, source, options: PredictOptions, stop: threading.Event | None = None) -> VideoSummary:
     """Poses on every frame of a video file or camera, with the `vitpose predict` options.
 
     Args:
         predictor: a `vitpose.Predictor` or `OnnxPredictor` (called on batches of frames; its
-            detector finds the people unless `args.boxes`; its `skeleton` draws them).
+            detector finds the people unless `options.boxes`; its `skeleton` draws them).
         source: a video file path, or a camera index (int).
-        args: an argparse.Namespace (or any object) with `vitpose predict`'s flags, each optional:
+        options: a `vitpose.inference.runner.PredictOptions`; what a video run reads of it:
             `out` (a folder for <stem>.mp4, or a .mp4/.avi path), `json` (a path), `json_array`,
             `resume`, `track`, `smooth`, `boxes` (a detection-results JSON keyed by `frame`).
             Extra knobs: `batch_frames` (frames per predictor call; default `batch_images` or 8, 1
@@ -581,30 +462,33 @@ def run_video(predictor, source, args, stop: threading.Event | None = None) -> V
             of their previous frame's, default 0.5, makes that frame detect again).
         stop: an Event that ends the run cleanly after the frames in flight (SIGINT / SIGTERM).
     Returns:
-        a `VideoSummary` (also printed to stderr unless `args.quiet`); a command returns its
+        a `VideoSummary` (also printed to stderr unless `options.quiet`); a command returns its
         `exit_status`.
     """
     started = time.perf_counter()
     webcam = isinstance(source, int)
-    pipeline, batch_frames = _schedule(args, predictor, webcam)
-    boxes = video_boxes(getattr(args, "boxes", None))
-    if getattr(args, "resume", False) and getattr(args, "out", None):
+    pipeline, batch_frames = _schedule(options, predictor, webcam)
+    boxes = video_boxes(options.boxes)
+    if options.resume and options.out:
         raise UserError("--resume with --out: a drawn video cannot be continued; leave out --out")
     reader = FrameReader(source, stop=stop)
     if boxes[0] is None and getattr(predictor, "detector", None) is None:
         reader.capture.release()
         raise UserError("no person boxes: this predictor has no detector; give --boxes FILE.json, or build it "
                         "with a detector (--detector default | full-frame | NAME)")
-    results = _results_file(args, webcam)
+    results = _results_file(options, webcam)
     summary = _new_summary(reader, pipeline, results)
     predictor.timer.reset()
-    progress = _progress_bar(args, reader, summary.resumed_from)
-    writer = _Writer(args, predictor, reader, summary, results, progress)
+    progress = _progress_bar(options, reader, summary.resumed_from)
+    writer = _Writer(options, predictor, reader, summary, results, progress)
     frames = (f for f in reader if f.index >= summary.resumed_from)
-    schedule = _detection_schedule(args, boxes)
+    schedule = _detection_schedule(options, boxes)
+
+    failures = Failures(show_tracebacks=False)
+    failures.lines = summary.failed  # the summary lists them
 
     def process(batch: list[Frame]):
-        return _predict_frames(predictor, batch, boxes, summary.failed, schedule)
+        return _predict_frames(predictor, batch, boxes, failures, schedule)
 
     try:
         if pipeline == "sequential":
@@ -624,7 +508,7 @@ def run_video(predictor, source, args, stop: threading.Event | None = None) -> V
         _finish_summary(summary, reader, predictor.timer, started)
         if schedule is not None:
             summary.detector_frames, summary.det_every = schedule.detector_frames, schedule.every
-    if not getattr(args, "quiet", False):
+    if not options.quiet:
         print(summary.format(), file=sys.stderr)
     return summary
 
@@ -637,9 +521,9 @@ def _new_summary(reader: FrameReader, pipeline: str, results) -> VideoSummary:
     return summary
 
 
-def _progress_bar(args, reader: FrameReader, initial: int):
-    """tqdm over the frames (on stderr) unless `args.progress` is False."""
-    if not getattr(args, "progress", True):
+def _progress_bar(options: PredictOptions, reader: FrameReader, initial: int):
+    """tqdm over the frames (on stderr) unless `options.progress` is False."""
+    if not options.progress:
         return None
     from tqdm import tqdm
 

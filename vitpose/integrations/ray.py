@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from vitpose.errors import UserError
+from vitpose.inference.runner import Failures, PredictOptions, predict_chunk
 from vitpose.inference.units import finish_shard_run
 
 __all__ = ["PosePredictor", "actor_resources", "predict_with_ray"]
@@ -142,19 +143,12 @@ class PosePredictor:
                 errors[i] = f"{type(e).__name__}: {e}"
         good = [i for i in range(n) if images[i] is not None]
         given = [_as_boxes(batch["boxes"][i]) for i in good] if "boxes" in batch else None
-        poses = {}
-        if good:
-            try:
-                found = self.predictor([images[i] for i in good], boxes=given, box_format=self.box_format,
-                                       channels="bgr")
-                poses = dict(zip(good, found))
-            except Exception:  # noqa: BLE001 - then one by one: one bad image costs one
-                for k, i in enumerate(good):
-                    try:
-                        poses[i] = self.predictor(images[i], boxes=None if given is None else given[k],
-                                                  box_format=self.box_format, channels="bgr")
-                    except Exception as e:  # noqa: BLE001
-                        errors[i] = f"{type(e).__name__}: {e}"
+        failures = Failures(prog="vitpose (ray)")
+        found = predict_chunk(self.predictor, [images[i] for i in good], given, good, failures,
+                              box_format=self.box_format)
+        poses = {i: p for i, p in zip(good, found) if p is not None}
+        for i, error in failures.errors.items():
+            errors[i] = f"{type(error).__name__}: {error}"
         names = [Path(str(batch["path"][i])).name if "path" in batch else None for i in range(n)]
         ids = batch.get("image_id")
         per_image = []
@@ -178,7 +172,18 @@ class PosePredictor:
         return out
 
 
-def predict_with_ray(args, plan, boxes) -> int:
+def _image_size(path) -> tuple[int, int] | None:
+    """(width, height) from the image's header, or None when it cannot be read (the actor reports it)."""
+    from vitpose.data.errors import DataError
+    from vitpose.data.image_io import read_image_size
+
+    try:
+        return read_image_size(path)
+    except DataError:
+        return None
+
+
+def predict_with_ray(options: PredictOptions, plan, boxes) -> int:
     """`vitpose predict --engine ray`: this shard's images through `--workers` actors; the driver
     writes the shard file. Exit status as the local run: 0, 1 (some images failed), 130."""
     ray = _import_ray()
@@ -186,7 +191,7 @@ def predict_with_ray(args, plan, boxes) -> int:
         raise UserError("--engine ray writes shard files: give --json DIR (then vitpose merge DIR)")
     if any(u.start is not None for u in plan.units):
         raise UserError("--engine ray runs images; a video's --segment units run with the local engine")
-    workers = args.workers or 1
+    workers = options.workers or 1
     if workers < 1:
         raise UserError(f"--workers must be >= 1, got {workers}")
     table, key = boxes if boxes is not None else (None, None)
@@ -197,28 +202,27 @@ def predict_with_ray(args, plan, boxes) -> int:
             continue
         item = {"unit": unit.id, "path": str(unit.path), "image_id": unit.image_id}
         if table is not None:
-            found = table.lookup(key, unit.file_name if key == "file_name" else unit.image_id)
+            # checked against the image's size (its header) as a local run checks it: the same refusal
+            found = table.lookup(key, unit.file_name if key == "file_name" else unit.image_id, _image_size(unit.path))
             item["boxes"] = json.dumps(np.concatenate([found.boxes, found.scores[:, None]], 1).tolist())
         items.append(item)
-    detector = args.detector or ("none" if args.boxes is not None else "default")
+    model = options.model
     if not ray.is_initialized():
-        if args.ray_address:
-            ray.init(address=args.ray_address, log_to_driver=False)
+        if options.ray_address:
+            ray.init(address=options.ray_address, log_to_driver=False)
         else:
             ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
-    resources = actor_resources(workers, device=args.device)
-    kwargs = {"model": str(args.model), "config": None if args.config is None else str(args.config),
-              "detector": None if detector == "none" else detector, "device": args.device,
-              "flip_test": not args.no_flip, "batch_size": args.batch_size, "precision": args.precision,
-              "detector_threshold": args.detector_threshold, "det_classes": args.det_classes, "rows": "image",
-              "threads": max(1, int(resources.get("num_cpus", 1)))}
+    resources = actor_resources(workers, device=model.device)
+    kwargs = {"model": model.model, **model.kwargs(), "rows": "image", "threads": max(1, int(resources.get("num_cpus", 1)))}
+    if kwargs["detector"] == "none":  # every unit carries its boxes
+        kwargs["detector"] = None
     done = people = 0
     failed: list[str] = []
     interrupted = False
     try:
         if items:
             ds = ray.data.from_items(items).map_batches(PosePredictor, fn_constructor_kwargs=kwargs,
-                                                         batch_size=args.batch_images, concurrency=workers,
+                                                         batch_size=options.batch_images, concurrency=workers,
                                                          batch_format="numpy", **resources)
             for row in ds.iter_rows():
                 name = Path(row["path"]).name
@@ -226,7 +230,9 @@ def predict_with_ray(args, plan, boxes) -> int:
                     failed.append(f"{name}: {row['error']}")
                     continue
                 records = json.loads(row["records"])
-                results.write_item(name, records)
+                results.begin(name)
+                results.add(records)
+                results.end()
                 done += 1
                 people += len(records)
     except KeyboardInterrupt:
