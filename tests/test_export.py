@@ -23,6 +23,7 @@ from test_evaluate import tiny_model
 from weights_recipe import derive, load_spec, make_weights
 
 import vitpose.inference.export as E
+import vitpose.inference.export_writers as W
 from vitpose.coco_meta import FLIP_INDICES
 from vitpose.codecs.udp import UDPHeatmap
 from vitpose.data.loaders import normalize_images
@@ -156,7 +157,7 @@ def test_fp16_onnx_is_gated_with_its_documented_bound(tmp_path, crops):
 def test_heavy_graphs_move_their_external_weights_with_them(tmp_path, crops, monkeypatch):
     """Past protobuf's 2 GiB (ViTPose-H in fp32) the weights go to `<name>.data`; the file and its
     data are gated in the staging folder and moved together, so the reference stays valid."""
-    monkeypatch.setattr(E, "SINGLE_FILE_LIMIT", 0)  # a tiny model takes the heavy path
+    monkeypatch.setattr(W, "SINGLE_FILE_LIMIT", 0)  # a tiny model takes the heavy path
     out = tmp_path / "heavy.onnx"
     assert E.to_onnx(tiny("simple", seed=8), out, crops=crops[0], log=None).passed
     assert sorted(p.name for p in tmp_path.iterdir()) == ["heavy.onnx", "heavy.onnx.data"]
@@ -193,7 +194,7 @@ def _corrupting_writer(monkeypatch, keypoint, amount):
     import onnx
     from onnx import numpy_helper
 
-    original = E._write_onnx
+    original = W._write_onnx
 
     def write_then_corrupt(graph, path, *args, **kwargs):
         original(graph, path, *args, **kwargs)
@@ -208,7 +209,7 @@ def _corrupting_writer(monkeypatch, keypoint, amount):
             raise AssertionError("final_layer.bias not found among the initializers")
         onnx.save(proto, str(path))
 
-    monkeypatch.setattr(E, "_write_onnx", write_then_corrupt)
+    monkeypatch.setattr(W, "_write_onnx", write_then_corrupt)
 
 
 def test_cli_gate_failure_exits_1_and_leaves_no_file(tmp_path, monkeypatch, capsys, coco_mini_dir):
@@ -490,17 +491,14 @@ def test_unknown_formats_are_refused(tmp_path, capsys):
 
 
 def test_missing_optional_dependency_names_the_extra(tmp_path, monkeypatch, capsys):
-    import importlib.util
-
     from vitpose.cli import main
 
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime" else real(name, *a))
-    with pytest.raises(E.MissingDependencyError, match=r'needs onnxruntime, not installed: pip install "vitpose\[export\]"'):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # `import onnxruntime` fails
+    with pytest.raises(E.MissingDependencyError,
+                       match=r'ONNX export needs onnxruntime, which is not installed: pip install "vitpose\[export\]"'):
         E.to_onnx(tiny("simple"), tmp_path / "x.onnx")
     assert main(["export", "--model", "m.pth", "--out", str(tmp_path / "x.onnx")]) == 2
     assert 'pip install "vitpose[export]"' in capsys.readouterr().err
-    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # `import onnxruntime` fails
     with pytest.raises(ImportError, match="OnnxPredictor needs onnxruntime"):
         OnnxPredictor(tmp_path / "x.onnx")
 
@@ -522,6 +520,61 @@ def test_gate_data_must_be_a_coco_folder(tmp_path):
     (tmp_path / "b.json").write_text("{}")
     with pytest.raises(FileNotFoundError, match="found 2 JSON objects"):
         E.gate_crops(tmp_path)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+@pytest.mark.parametrize("problem", ["missing folder", "missing file", "no COCO file in it"])
+def test_a_gate_data_set_that_is_not_there_is_one_line_naming_the_flag(tmp_path, capsys, precision, problem):
+    """`--gate-data` goes through one resolver for the numeric gate and the int8 AP gate: a folder
+    or file that is not there (or holds no COCO file) is one line naming the flag and the path,
+    exit 2, before the model is read or anything is written."""
+    from vitpose.cli import main
+
+    weights = save_weights(tiny("simple"), tmp_path / "w.safetensors")
+    gate = {"missing folder": tmp_path / "no" / "coco", "missing file": tmp_path / "val.json",
+            "no COCO file in it": tmp_path / "empty"}[problem]
+    if problem == "no COCO file in it":
+        gate.mkdir()
+    out = tmp_path / "out" / "x.onnx"
+    code = main(["export", "--model", str(weights), "--out", str(out), "--precision", precision,
+                 "--gate-data", str(gate)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2, err
+    assert len(err) == 1 and "--gate-data" in err[0] and str(gate) in err[0], err
+    assert not out.parent.exists()
+
+
+def test_a_calibration_set_that_is_not_there_is_one_line_naming_the_flag(tmp_path, capsys, coco_mini_dir):
+    from vitpose.cli import main
+    from vitpose.inference import quantize as Q
+
+    weights = save_weights(tiny("simple"), tmp_path / "w.safetensors")
+    missing = tmp_path / "photos"
+    code = main(["export", "--model", str(weights), "--out", str(tmp_path / "x.onnx"), "--precision", "int8",
+                 "--gate-data", str(coco_mini_dir), "--calibration", str(missing)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--calibration" in err[0] and str(missing) in err[0], err
+    # the library's calls name the same flag with the same class (CalibrationError is GateDataError)
+    assert Q.CalibrationError is E.GateDataError
+    with pytest.raises(E.GateDataError, match="--calibration: calibration folder not found"):
+        Q.calibration_crops(missing, (48, 64))
+    with pytest.raises(E.GateDataError, match="--gate-data: gate data folder not found"):
+        E.to_int8_onnx(tiny("simple"), tmp_path / "y.onnx", gate_data=tmp_path / "none", log=None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.safetensors"]
+
+
+def test_the_export_command_module_does_not_import_torch():
+    """`vitpose.cli` imports every command module: `vitpose.cli.export` imports torch only when an
+    export runs (its parser and flag checks are torch-free)."""
+    code = ("import importlib.util, sys\n"
+            "spec = importlib.util.spec_from_file_location('vitpose_cli_export', 'vitpose/cli/export.py')\n"
+            "module = importlib.util.module_from_spec(spec)\n"
+            "sys.modules[spec.name] = module\n"
+            "spec.loader.exec_module(module)\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n"
+            "assert 'numpy' not in sys.modules, 'numpy imported'\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
 
 
 def test_gate_crops_are_the_validation_pipelines(coco_mini_dir):

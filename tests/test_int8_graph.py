@@ -156,8 +156,9 @@ def test_the_rewrite_keeps_the_weights_of_a_file_with_external_data(tmp_path, mo
     """A model over 2 GB (ViTPose-H in fp32) is written with its weights in `<file>.data`; the
     attention rewrite reads the graph only and the file still runs, gated equal to PyTorch."""
     import vitpose.inference.export as E
+    import vitpose.inference.export_writers as W
 
-    monkeypatch.setattr(E, "SINGLE_FILE_LIMIT", 0)  # every model "large": external data
+    monkeypatch.setattr(W, "SINGLE_FILE_LIMIT", 0)  # every model "large": external data
     model = tiny_model(3).eval()
     path = tmp_path / "layout.onnx"
     E.to_onnx(model, path, int8_layout=True, log=None)

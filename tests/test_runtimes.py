@@ -191,6 +191,54 @@ def test_int8_export_is_gated_recorded_and_predicts(peaked, tmp_path, monkeypatc
     np.testing.assert_allclose(np.array(record["keypoints"]).reshape(-1, 3)[:, :2], int8_keypoints[0], atol=1e-3)
 
 
+def _checkpoint_recording(model, path, data_root):
+    """A training checkpoint of `model` (its spec recorded) whose recorded config's data root is `data_root`."""
+    from vitpose.config import load_config
+    from vitpose.models.spec import METADATA_KEY, spec_of_model
+
+    config = load_config(None, [f"data.root={data_root}", "data.val_bbox_file=null"]).to_dict()
+    torch.save({"model": model.state_dict(), "config": config, METADATA_KEY: spec_of_model(model).to_dict(),
+                "epoch": 1, "iteration": 1}, path)
+    return path
+
+
+def test_int8_export_gates_on_the_validation_set_of_the_config_the_model_records(peaked, tmp_path, monkeypatch,
+                                                                                   capsys):
+    """`vitpose export --model M --precision int8 --out F` and no other flag: M records its training
+    config, whose validation set is the held-out set of the AP gate."""
+    import onnx
+
+    from vitpose.cli import main
+    from vitpose.inference import quantize as Q
+
+    model, _, root, _, _ = peaked
+    monkeypatch.setattr(Q, "INT8_MAX_AP_DIFFERENCE", CI_BOUND)
+    monkeypatch.setattr(Q, "GATE_BOOTSTRAP", CI_BOOTSTRAP)
+    checkpoint = _checkpoint_recording(model, tmp_path / "best.pth", root)
+    out = tmp_path / "pose.int8.onnx"
+    code = main(["export", "--model", str(checkpoint), "--precision", "int8", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    val_ann = root / "annotations" / "person_keypoints_val2017.json"
+    assert "against fp32 on 48 held-out images" in printed and f"of {val_ann}:" in printed, printed
+    facts = json.loads({p.key: p.value for p in onnx.load(str(out)).metadata_props}[E.EXPORT_KEY])
+    assert facts["precision"] == "int8" and facts["gate"]["held_out"] == str(val_ann)
+    assert facts["gate"]["images"] == 48 and facts["gate"]["passed"]
+
+
+def test_int8_export_whose_recorded_validation_set_is_gone_is_one_line(peaked, tmp_path, capsys):
+    from vitpose.cli import main
+
+    model = peaked[0]
+    checkpoint = _checkpoint_recording(model, tmp_path / "best.pth", tmp_path / "moved")
+    out = tmp_path / "out" / "pose.int8.onnx"
+    code = main(["export", "--model", str(checkpoint), "--precision", "int8", "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert str(tmp_path / "moved") in err[0] and "records" in err[0] and "--gate-data" in err[0]
+    assert not out.parent.exists()
+
+
 def test_a_bad_calibration_set_fails_the_gate_and_writes_nothing(peaked, tmp_path):
     """Quantization made worse: calibrated on black crops (the activations' ranges of nothing a
     person looks like), the int8 file loses AP and the gate stops it."""

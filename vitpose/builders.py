@@ -202,7 +202,9 @@ def build_evaluator(cfg: Config, info=None, root: str | Path | None = None):
 class LoadedModel:
     """What `load_model` gives: the model (eval mode, weights loaded, `.spec` attached), its codec,
     its skeleton (`DatasetInfo`: K, flip indices, limbs, sigmas) and its `ModelSpec`; `path` is the
-    local weights file, `report` what `load_weights` found (layout, notes)."""
+    local weights file, `report` what `load_weights` found (layout, notes), `config` the training
+    config the file records (a dict as a checkpoint stores it, `load_config(recorded=)` reads it; None
+    for weights that record none)."""
 
     model: torch.nn.Module
     codec: object
@@ -210,6 +212,7 @@ class LoadedModel:
     spec: ModelSpec
     path: Path | None = None
     report: object = None
+    config: dict | None = None
 
 
 def skeleton_data(info: DatasetInfo) -> dict:
@@ -262,7 +265,7 @@ def load_model(source, *, expert=None, config=None, device=None) -> LoadedModel:
         skeleton = _skeleton(spec, found)
     spec = spec.replace(skeleton=skeleton_data(skeleton))
     model.spec = spec
-    return LoadedModel(model, spec.build_codec(), skeleton, spec, found.path, report)
+    return LoadedModel(model, spec.build_codec(), skeleton, spec, found.path, report, found.weights.config)
 
 
 def _spec_from_recorded_config(weights) -> ModelSpec | None:

@@ -33,6 +33,7 @@ from vitpose.cli import (
     build_crop_cache,
     check_data,
     evaluate,
+    export,
     import_annotations,
     merge,
     plot,
@@ -43,7 +44,6 @@ from vitpose.cli import (
     tune,
 )
 from vitpose.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_STATUSES, UserError
-from vitpose.inference import export
 
 # The subcommands, in the order `vitpose --help` lists them.
 COMMANDS = (train, evaluate, predict, export, tune, check_data, build_crop_cache, plot, import_annotations, merge,

@@ -1,11 +1,11 @@
 """int8 ONNX files: calibration, ONNX Runtime's quantization and the AP gate on held-out images
-(`vitpose export --precision int8`, `vitpose.inference.export.to_int8_onnx`).
+(`vitpose export --precision int8`, `to_int8_onnx`, also `vitpose.inference.export.to_int8_onnx`).
 
     vitpose export --model best.pth --config cfg.yaml --out pose.int8.onnx --precision int8
     vitpose export --model vitpose-s --out s.int8.onnx --precision int8 --gate-data coco/ --calibration crops/
 
-The steps (`vitpose.inference.export.to_int8_onnx`):
-1. the fp32 graph, written and gated as `vitpose.inference.export.to_onnx` writes it (equal to PyTorch);
+The steps (`to_int8_onnx`):
+1. the fp32 graph, written and gated as `vitpose.inference.export_writers.to_onnx` writes it (equal to PyTorch);
    for "dynamic", laid out for the integer kernels (`vitpose.inference.int8_graph`: the head's
    transposed convolutions as matrix products, attention without Transposes) where onnxruntime
    runs opset 23;
@@ -44,7 +44,7 @@ from __future__ import annotations
 import contextlib
 import json
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -52,14 +52,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from vitpose.errors import UserError
+from vitpose.data.pixels import normalize_images
+from vitpose.files import staged_files
+from vitpose.inference.export_data import coco_set, existing_path, gate_crops
+from vitpose.inference.export_errors import ExportUsageError, GateDataError, GateError
+from vitpose.inference.export_graph import EXPORT_KEY
 
 __all__ = ["GATE_BOOTSTRAP", "INT8_MAX_AP_DIFFERENCE", "QUANTIZATIONS", "CalibrationError", "Int8GateError",
            "Int8Report", "calibration_crops", "calibration_split", "coco_set", "held_out_set", "int8_gate",
-           "quantize_onnx", "set_metadata"]
+           "quantize_onnx", "set_metadata", "to_int8_onnx"]
 
-# The most COCO AP an int8 file may cost (or gain) against the fp32 model (issue 31's bound: int8
-# rounds far coarser than bf16, whose bound is 0.002), and the interval must resolve it.
+# The most COCO AP an int8 file may cost (or gain) against the fp32 model (int8 rounds far coarser
+# than bf16, whose bound is 0.002), and the interval must resolve it.
 INT8_MAX_AP_DIFFERENCE = 0.005
 GATE_BOOTSTRAP = 200  # paired resamples of the held-out images
 QUANTIZATIONS = ("static", "dynamic")
@@ -69,18 +73,14 @@ CALIBRATION_IMAGES = 32
 MIN_GATE_IMAGES = 10
 
 
-class CalibrationError(UserError, ValueError):
-    """The calibration images or the held-out set cannot be used (names the path and the fix)."""
+# The calibration images or the held-out set cannot be used: the one error class of the COCO sets
+# the export reads (`vitpose.inference.export_data.coco_set`), under the name this module gave it.
+CalibrationError = GateDataError
 
 
-class Int8GateError(UserError, RuntimeError):
-    """The int8 file failed the AP gate (or its held-out set could not resolve it); nothing was written."""
-
-    exit_status = 1
-
-    def __init__(self, report: Int8Report, message: str | None = None):
-        super().__init__("\n".join(report.lines()) if message is None else message)
-        self.report = report
+class Int8GateError(GateError):
+    """The int8 file failed the AP gate (or its held-out set could not resolve it); nothing was written.
+    `.report` is the `Int8Report`; exit status 1, as for every gate."""
 
 
 @dataclass
@@ -143,40 +143,6 @@ def _image_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
 
 
-def _coco_images_folder(ann_file: Path) -> Path:
-    """Where the images of a COCO file named on its own lie: beside it, or MMPose's layout
-    (annotations/person_keypoints_<split>.json -> <split>/)."""
-    if ann_file.parent.name == "annotations":
-        split = ann_file.stem.split("_")[-1]
-        if (ann_file.parent.parent / split).is_dir():
-            return ann_file.parent.parent / split
-    return ann_file.parent
-
-
-def coco_set(source) -> tuple[Path, Path]:
-    """(annotation file, image folder) of a COCO keypoint set named as a .json file or a folder
-    (MMPose's layout, or one COCO JSON beside its images), or given as that pair (a config's
-    `data.val_ann` and `data.val_images`)."""
-    if isinstance(source, tuple):
-        return Path(source[0]), Path(source[1])
-    source = Path(source)
-    if source.is_file():
-        return source, _coco_images_folder(source)
-    mmpose = source / "annotations" / "person_keypoints_val2017.json"
-    if mmpose.is_file():
-        return mmpose, source / "val2017"
-    objects = [p for p in sorted(source.glob("*.json")) if _first_char(p) == "{"]  # detections beside are a list
-    if len(objects) == 1:
-        return objects[0], source
-    raise FileNotFoundError(f"{source}: expected annotations/person_keypoints_val2017.json (+ val2017/) or one COCO "
-                            f"annotation JSON beside its images; found {len(objects)} JSON objects")
-
-
-def _first_char(path: Path) -> str:
-    with open(path, "rb") as f:
-        return f.read(4096).lstrip()[:1].decode("ascii", errors="replace")
-
-
 def _whole_image_crops(images: Sequence[Path], input_size, count: int) -> np.ndarray:
     """Each image as one crop (the whole frame as the box, padding 1.25, the UDP warp): a folder
     of person photos, as `--detector full-frame` would crop them."""
@@ -188,7 +154,7 @@ def _whole_image_crops(images: Sequence[Path], input_size, count: int) -> np.nda
     for path in images[:count]:
         image = read_image(path)  # BGR uint8, the pixel limit checked
         if image is None:
-            raise CalibrationError(f"--calibration: {path} is not an image OpenCV can read")
+            raise GateDataError(f"--calibration: {path} is not an image OpenCV can read")
         h, w = image.shape[:2]
         center, scale = bbox_xyxy2cs(np.array([0, 0, w, h], np.float32))
         crop = topdown_affine(image[..., ::-1], center, scale, 0.0, tuple(input_size))[0]
@@ -203,7 +169,7 @@ def _coco_crops(ann_file: Path, img_dir: Path, input_size, count: int, image_ids
     dataset = CocoKeypoints(ann_file, img_dir, train=False, input_size=(w, h), heatmap_size=(w // 4, h // 4))
     keep = [i for i in range(len(dataset)) if image_ids is None or int(dataset.instance_info(i)["image_id"]) in image_ids]
     if not keep:
-        raise CalibrationError(f"--calibration {ann_file}: no person with keypoints in its images")
+        raise GateDataError(f"--calibration {ann_file}: no person with keypoints in its images")
     step = max(1, len(keep) // count)  # spread over the set rather than the first images only
     return np.stack([np.asarray(dataset[i]["image"]) for i in keep[::step][:count]])
 
@@ -216,20 +182,14 @@ def calibration_crops(source, input_size, count: int = CALIBRATION_CROPS) -> tup
     """(uint8 RGB crops (N, 3, h, w), the image files used (resolved), a label) of `--calibration`:
     a COCO keypoint .json (its people's crops, GT boxes) or folder (MMPose layout / one COCO JSON
     beside its images), else a folder of images (each whole image one crop)."""
-    source = Path(source)
-    if not source.exists():
-        raise CalibrationError(f"--calibration {source}: no such file or folder; give a folder of images or a "
-                               f"COCO keypoint JSON")
+    source = existing_path(source, "--calibration")
     if source.is_file() or any(p.suffix.lower() == ".json" for p in source.iterdir()):
-        try:
-            ann_file, img_dir = coco_set(source)
-        except (FileNotFoundError, ValueError) as e:
-            raise CalibrationError(f"--calibration {source}: {e}") from None
+        ann_file, img_dir = coco_set(source, "--calibration")
         used = {_image_path(img_dir, im) for im in json.loads(ann_file.read_text())["images"]}
         return _coco_crops(ann_file, img_dir, input_size, count), used, str(source)
     images = _image_files(source)
     if not images:
-        raise CalibrationError(f"--calibration {source}: no images in this folder ({', '.join(('.jpg', '.png'))}, ...)")
+        raise GateDataError(f"--calibration {source}: no images in this folder ({', '.join(('.jpg', '.png'))}, ...)")
     return _whole_image_crops(images, input_size, count), {p.resolve() for p in images[:count]}, str(source)
 
 
@@ -305,7 +265,7 @@ def int8_gate(model: nn.Module, int8_path, ann_file, img_dir, codec, flip_indice
     w, h = codec.input_size
     dataset = CocoKeypoints(ann_file, img_dir, train=False, input_size=(w, h), heatmap_size=tuple(codec.heatmap_size))
     if len(dataset) == 0:
-        raise CalibrationError(f"--gate-data {held_out}: no people with keypoints among the held-out images")
+        raise GateDataError(f"--gate-data {held_out}: no people with keypoints among the held-out images")
     evaluator = CocoEvaluator(ann_file, sigmas=sigmas)
     reference_model = unwrap_model(model).cpu().eval()
     network = OnnxNetwork(int8_path, spec_of_model(reference_model), threads=torch.get_num_threads())
@@ -407,3 +367,96 @@ def calibration_split(ann_file, img_dir, input_size) -> tuple[np.ndarray, set[Pa
     crops = _coco_crops(Path(ann_file), Path(img_dir), input_size, CALIBRATION_CROPS,
                         image_ids={im["id"] for im in chosen})
     return crops, {_image_path(img_dir, im) for im in chosen}, f"{len(chosen)} images of the gate's set (left out of it)"
+
+
+# ----------------------------------------------------------------------------------------------
+# The int8 file
+
+
+def to_int8_onnx(model: nn.Module, path, *, gate_data, calibration=None, quantization: str = "dynamic",
+                 codec=None, flip_indices: Sequence[int] | None = None, flip_test: bool = False,
+                 batch="dynamic", sigmas=None, bootstrap: int | None = None, bound: float | None = None,
+                 calibration_crops_override=None, log: Callable[[str], None] | None = print) -> Int8Report:
+    """Write `model` as an int8 ONNX file at `path`, only if it passes the AP gate (see the module's
+    docstring): the fp32 graph (`to_onnx`, gated equal to PyTorch), ONNX Runtime's quantization
+    calibrated on `calibration`, the AP of the int8 file against the PyTorch model at fp32 on the
+    held-out images of `gate_data` with the paired bootstrap interval; the gate's figures in the
+    file's `vitpose.export` metadata ("gate").
+
+    gate_data: the held-out COCO keypoint set (a .json, a folder, or an (annotation file, image
+        folder) pair such as a config's validation set: `vitpose.inference.export_data.coco_set`).
+    calibration: `--calibration` (a folder of images or a COCO set); None: 1 in CALIBRATION_SHARE
+        images of `gate_data` (at most CALIBRATION_IMAGES), which the gate then leaves out.
+    bootstrap, bound: the gate's resamples and bound (None: GATE_BOOTSTRAP, INT8_MAX_AP_DIFFERENCE).
+    calibration_crops_override: uint8 crops to calibrate on instead (tests: a deliberately bad set).
+    Returns the Int8Report; raises Int8GateError (nothing written) when the gate fails, GateDataError
+    (one line naming --gate-data or --calibration) for a set that is not there or cannot be used.
+    """
+    from vitpose.inference.export_graph import _model_spec, own_flip_indices
+
+    spec = _model_spec(model, codec)
+    codec = spec.build_codec() if codec is None else codec
+    flip_indices = own_flip_indices(model) if flip_indices is None else flip_indices
+    ann_file, img_dir = coco_set(gate_data, "--gate-data")
+    crops, used, label = _calibration(quantization, calibration, calibration_crops_override, ann_file, img_dir,
+                                      codec.input_size)
+    calibration_x = (normalize_images(crops, spec.pixel_mean, spec.pixel_std).astype(np.float32) if len(crops)
+                     else None)
+    with tempfile.TemporaryDirectory(prefix="vitpose-int8-") as tmp:
+        held_out, count = held_out_set(ann_file, img_dir, used, Path(tmp))
+        if count < MIN_GATE_IMAGES:
+            raise GateDataError(f"the held-out set {ann_file}: {count} images are left once the calibration images "
+                                f"are taken out; the gate needs at least {MIN_GATE_IMAGES} (and more to resolve it): "
+                                f"give a larger set with --gate-data")
+        fp32 = Path(tmp) / "fp32.onnx"
+        recorded = _gated_fp32_graph(model, fp32, quantization, codec, flip_indices, flip_test, batch)
+        with staged_files(Path(path)) as staged:
+            quantize_onnx(fp32, staged, quantization, calibration_x)
+            report = int8_gate(model, staged, held_out, img_dir, codec, flip_indices, quantization=quantization,
+                               calibration=label, calibration_count=len(crops), held_out=str(ann_file), sigmas=sigmas,
+                               bootstrap=GATE_BOOTSTRAP if bootstrap is None else bootstrap)
+            report.bound = INT8_MAX_AP_DIFFERENCE if bound is None else float(bound)
+            report.path = str(path)
+            for line in report.lines() if log is not None else ():
+                log(line)
+            if not report.passed:
+                raise Int8GateError(report)
+            facts = {**json.loads(recorded[EXPORT_KEY]), "precision": "int8", "quantization": quantization,
+                     "gate": report.metadata()}
+            set_metadata(staged, {**recorded, EXPORT_KEY: json.dumps(facts, sort_keys=True)})
+    return report
+
+
+def _calibration(quantization: str, calibration, override, ann_file: Path, img_dir: Path,
+                 input_size) -> tuple[np.ndarray, set[Path], str]:
+    """(uint8 crops to calibrate on, their image files (left out of the gate), a label)."""
+    if quantization == "dynamic":  # ranges taken at run time: nothing to calibrate, every image gates
+        if calibration is not None or override is not None:
+            raise ExportUsageError("--calibration: dynamic quantization takes the activations' ranges at run time; "
+                                   "leave out --calibration or use --quantization static")
+        return np.zeros((0, 3, *tuple(input_size)[::-1]), np.uint8), set(), "nothing"
+    if calibration is not None:
+        crops, used, label = calibration_crops(calibration, input_size)
+    else:
+        crops, used, label = calibration_split(ann_file, img_dir, input_size)
+    if override is not None:
+        return np.asarray(override), used, "the given crops"
+    return crops, used, label
+
+
+def _gated_fp32_graph(model: nn.Module, path: Path, quantization: str, codec, flip_indices, flip_test: bool,
+                      batch) -> dict:
+    """The fp32 graph the quantizer reads, written at `path` and gated equal to PyTorch on the
+    synthetic crops; returns its ONNX metadata (spec and export facts). Dynamic: the graph laid out
+    for the integer kernels (`vitpose.inference.int8_graph`) where this install can run it; static
+    QDQ keeps the plain graph (its quantizer reads ONNX's Attention as its own contrib operator)."""
+    import onnx
+
+    from vitpose.inference import int8_graph
+    from vitpose.inference.export_writers import to_onnx
+
+    crops, labels, source = gate_crops(None, codec.input_size)
+    layout = quantization == "dynamic" and int8_graph.available()
+    to_onnx(model, path, batch=batch, flip_test=flip_test, codec=codec, flip_indices=flip_indices, crops=crops,
+            labels=labels, source=source, int8_layout=layout, log=None)
+    return {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
