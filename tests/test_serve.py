@@ -334,8 +334,8 @@ def test_labelstudio_backend_equals_predict_format_labelstudio_and_imports_back(
 
 
 class _StubPredictor:
-    """The TopDown interface the batch thread uses, with a network that records its batches and an
-    image that fails the pipeline (a first pixel of 255)."""
+    """The TopDown call the batch function makes (`batch_function`), with a network that records
+    its batches and an image that fails the pipeline (a first pixel of 255)."""
 
     batch_size, detector, skeleton = 8, None, None
 
@@ -346,7 +346,7 @@ class _StubPredictor:
         self.batches.append(len(crops))
         return crops
 
-    def __call__(self, images, boxes, channels):
+    def __call__(self, images, boxes, box_format="xyxy", channels="rgb"):
         if any(image[0, 0, 0] == 255 for image in images):
             raise ValueError("this image fails the pipeline")
         self.run_network(np.zeros((sum(len(b) for b in boxes), 3, 4, 3), np.uint8))
@@ -359,12 +359,12 @@ def test_a_failing_job_in_a_batch_fails_alone_and_a_late_request_times_out():
     dropped before it runs."""
     import asyncio
 
-    from vitpose.serve.app import Service, Settings
+    from vitpose.serve.app import Service, Settings, batch_function
     from vitpose.serve.batching import BatchRunner, Metrics
     from vitpose.serve.labelstudio import RequestError
 
     stub, metrics = _StubPredictor(), Metrics()
-    runner = BatchRunner(stub, max_batch=16, max_wait=0.5, metrics=metrics)
+    runner = BatchRunner(batch_function(stub, metrics), max_batch=16, max_wait=0.5)
     try:
         images = [np.zeros((4, 4, 3), np.uint8) for _ in range(6)]
         images[2] = np.full((4, 4, 3), 255, np.uint8)

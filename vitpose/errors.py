@@ -2,9 +2,11 @@
 
 A `UserError` carries one line that names the file, record, field or flag at fault and the fix.
 Every command (`vitpose ...`, `train.py`, `evaluate.py`) prints that line and exits with the error's
-`exit_status` (2 unless a subclass says otherwise); `--debug` shows the traceback instead. Errors of
-this project's own code stay ordinary exceptions, so they are never dressed up as the user's
-mistake: the command prints their traceback and exits with `EXIT_INTERNAL` (see `vitpose.cli`).
+`exit_status` (2 unless a subclass says otherwise); `--debug` shows the traceback instead; `vitpose
+serve` answers it with its `http_status` (422 unless a subclass or the error says otherwise). Errors
+of this project's own code stay ordinary exceptions, so they are never dressed up as the user's
+mistake: the command prints their traceback and exits with `EXIT_INTERNAL` (see `vitpose.cli`), the
+server answers 500 and logs the traceback.
 """
 
 # The exit statuses of every command, one table (`vitpose --help` prints it; README.md "Exit
@@ -44,6 +46,9 @@ class UserError(Exception):
     """A problem with the user's input, files, flags or environment, explained in one line."""
 
     exit_status = EXIT_USAGE
+    # `vitpose serve`'s answer to it: a 4xx (a subclass or an instance may name another); any other
+    # exception is the server's bug, 500, as it is exit 70 on the command line
+    http_status = 422
 
 
 class UsageError(UserError):

@@ -21,6 +21,16 @@ requests answered at once (`--max-in-flight`, beyond it 503: the memory they hol
 (or HTTP Basic with the token as password: what Label Studio sends to a backend).
 Images are decoded as `vitpose predict` decodes files (`vitpose.data.image_io.decode_image`: BGR,
 truncation and pixel checks), so the server's records for an image equal the command's.
+
+Built on Starlette's own seams: the cross-cutting work is ASGI middleware around the routes of the
+`ENDPOINTS` table (`RequestMetrics`: time and count every answer by endpoint and status;
+`InFlightLimit`: 503 beyond `--max-in-flight`; `TokenCheck`: 401 without the token), and errors
+go through exception handlers with the command line's rule: a `vitpose.errors.UserError` is the
+client's, answered with its `http_status` (a 4xx: 422 unless it says otherwise; `RequestError`
+names its own); anything else is a bug, 500 `internal error: ...`, its traceback logged once by
+the server (Starlette's error middleware re-raises it to uvicorn), as it is exit 70 on the command
+line. Request parsing raises `RequestError`s itself, so a `ValueError` from deep in the library
+is never dressed up as the client's mistake.
 """
 
 from __future__ import annotations
@@ -29,11 +39,11 @@ import asyncio
 import base64
 import binascii
 import contextlib
-import functools
 import hmac
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -44,19 +54,23 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers, UploadFile
 from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException, MultiPartParser
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from vitpose.data.errors import DataError
 from vitpose.data.image_io import decode_image
+from vitpose.errors import UserError
 from vitpose.files import ImageTooLargeError, check_pixel_limit
 from vitpose.inference.pipeline import caller_boxes, image_ids
 from vitpose.inference.records import FORMATS, image_records, labelstudio_tasks, render_records
+from vitpose.inference.runner import predict_chunk
 from vitpose.serve.batching import BatchRunner, Metrics
 from vitpose.serve.labelstudio import MODEL_VERSION, RequestError, TaskImages, labelling_names
 
-__all__ = ["Service", "Settings", "build_app"]
+__all__ = ["ENDPOINTS", "Endpoint", "InFlightLimit", "RequestMetrics", "Service", "Settings", "TokenCheck",
+           "batch_function", "build_app", "error_response", "open_service"]
 
 
 @dataclass
@@ -74,7 +88,8 @@ class Settings:
 
 
 class Service:
-    """The loaded model, its batch thread, the metrics and the settings: what the endpoints share."""
+    """The loaded model, its batch thread, the metrics and the settings: what the endpoints share
+    (`open_service` builds one for a predictor)."""
 
     def __init__(self, predictor, spec, settings: Settings, runner: BatchRunner, metrics: Metrics,
                  task_images: TaskImages):
@@ -97,8 +112,49 @@ class Service:
             future.cancel()
             raise RequestError(504, f"no answer within the request timeout of {self.settings.timeout:g} s "
                                     f"(--timeout); the server is busy") from None
-        except (ValueError, DataError) as e:  # the pipeline's refusal of this image's boxes
-            raise RequestError(422, str(e)) from None
+
+
+class _CountedPasses:
+    """The predictor as `predict_chunk` calls it, counting the forward passes of each call into
+    `metrics`: its crops (the boxes given, or the people the detector found) in slices of the
+    predictor's `batch_size`, timed by its own timer's "pose" stage. A view around the predictor:
+    the predictor itself is never changed."""
+
+    def __init__(self, predictor, metrics: Metrics):
+        self.predictor = predictor
+        self.metrics = metrics
+
+    def __call__(self, images, boxes=None, **options):
+        timer = getattr(self.predictor, "timer", None)
+        before = timer.seconds.get("pose", 0.0) if timer is not None else 0.0
+        start = time.perf_counter()
+        poses = self.predictor(images, boxes=boxes, **options)
+        seconds = timer.seconds.get("pose", 0.0) - before if timer is not None else time.perf_counter() - start
+        given = boxes if boxes is not None else [None] * len(poses)
+        crops = sum(len(b) if b is not None else len(p) for b, p in zip(given, poses))
+        self.metrics.pipeline_call(crops, self.predictor.batch_size, seconds)
+        return poses
+
+
+def batch_function(predictor, metrics: Metrics):
+    """`run_batch(images, boxes, labels, failures)` for a `BatchRunner`: the project's one chunk
+    rule (`predict_chunk`: the batch in one call of the pipeline, else image by image) on BGR images,
+    forward passes counted into `metrics`."""
+    counted = _CountedPasses(predictor, metrics)
+
+    def run_batch(images, boxes, labels, failures):
+        return predict_chunk(counted, images, boxes, labels, failures, channels="bgr")
+
+    return run_batch
+
+
+def open_service(predictor, spec, settings: Settings, *, max_wait: float,
+                 task_images: TaskImages | None = None) -> Service:
+    """The service of a predictor: its batch thread (batches of up to the predictor's `batch_size`
+    crops, one forward pass) and the metrics. The predictor is used as it was opened."""
+    metrics = Metrics()
+    runner = BatchRunner(batch_function(predictor, metrics), predictor.batch_size, max_wait)
+    return Service(predictor, spec, settings, runner, metrics, task_images if task_images is not None else TaskImages())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -198,65 +254,12 @@ def _file_name(name) -> str:
 # Endpoints
 
 
-def endpoint(name: str, auth: bool = True, counts_in_flight: bool = False):
-    """Timing, metrics, the token check and the one error shape around a handler."""
-
-    def wrap(handler):
-        @functools.wraps(handler)
-        async def run(request: Request):
-            service: Service = request.app.state.service
-            start = time.perf_counter()
-            if counts_in_flight and service.metrics.in_flight >= service.settings.max_in_flight:
-                response = error_response(503, f"busy: {service.settings.max_in_flight} requests are being answered "
-                                               f"(--max-in-flight); try again")
-                service.metrics.request(name, response.status_code, time.perf_counter() - start)
-                return response
-            if counts_in_flight:  # no await between the check and this: the event loop runs one at a time
-                service.metrics.started(+1)
-            try:
-                if auth:
-                    check_token(request, service.settings.token)
-                response = await handler(request, service)
-            except RequestError as e:
-                response = error_response(e.status, str(e))
-            except Exception as e:  # noqa: BLE001 - the server keeps serving; the client gets one line
-                response = error_response(500, f"internal error: {type(e).__name__}: {e}")
-            finally:
-                if counts_in_flight:
-                    service.metrics.started(-1)
-            service.metrics.request(name, response.status_code, time.perf_counter() - start)
-            return response
-
-        return run
-
-    return wrap
+def _service(request: Request) -> Service:
+    return request.app.state.service
 
 
-def error_response(status: int, message: str) -> JSONResponse:
-    headers = {"WWW-Authenticate": 'Bearer realm="vitpose"'} if status == 401 else None
-    return JSONResponse({"error": message.splitlines()[0] if message else "error"}, status_code=status,
-                        headers=headers)
-
-
-def check_token(request: Request, token: str | None) -> None:
-    """`Authorization: Bearer TOKEN`, or Basic with TOKEN as the password (Label Studio's backend auth)."""
-    if token is None:
-        return
-    given = request.headers.get("authorization", "")
-    scheme, _, value = given.partition(" ")
-    if scheme.lower() == "basic":
-        try:
-            value = base64.b64decode(value.strip(), validate=True).decode("utf-8").partition(":")[2]
-        except (binascii.Error, ValueError):
-            value = ""
-    elif scheme.lower() != "bearer":
-        value = ""
-    if not value or not hmac.compare_digest(value.strip().encode(), token.encode()):
-        raise RequestError(401, "missing or wrong token: send 'Authorization: Bearer TOKEN' (vitpose serve --token)")
-
-
-@endpoint("predict", counts_in_flight=True)
-async def predict(request: Request, service: Service) -> Response:
+async def predict(request: Request) -> Response:
+    service = _service(request)
     start = time.perf_counter()
     body = await read_body(request, service.settings.max_body)
     content_type = request.headers.get("content-type", "")
@@ -290,14 +293,14 @@ async def predict(request: Request, service: Service) -> Response:
                          "seconds": round(time.perf_counter() - start, 6)})
 
 
-@endpoint("health", auth=False)
-async def health(request: Request, service: Service) -> Response:
+async def health(request: Request) -> Response:
+    service = _service(request)
     return JSONResponse({"status": "ok", "model": service.settings.model_name,
                          "in_flight": service.metrics.in_flight})
 
 
-@endpoint("model")
-async def model_info(request: Request, service: Service) -> Response:
+async def model_info(request: Request) -> Response:
+    service = _service(request)
     skeleton = service.skeleton
     return JSONResponse({
         "model": service.settings.model_name,
@@ -312,13 +315,11 @@ async def model_info(request: Request, service: Service) -> Response:
     })
 
 
-@endpoint("metrics")
-async def metrics(request: Request, service: Service) -> Response:
-    return PlainTextResponse(service.metrics.render(), media_type="text/plain; version=0.0.4")
+async def metrics(request: Request) -> Response:
+    return PlainTextResponse(_service(request).metrics.render(), media_type="text/plain; version=0.0.4")
 
 
-@endpoint("page", auth=False)
-async def page(request: Request, service: Service) -> Response:
+async def page(request: Request) -> Response:
     return HTMLResponse(resources.files("vitpose.serve").joinpath("page/index.html").read_text(encoding="utf-8"))
 
 
@@ -336,21 +337,20 @@ async def _json_body(request: Request, service: Service) -> dict:
     return data
 
 
-@endpoint("labelstudio_health", auth=False)
-async def ls_health(request: Request, service: Service) -> Response:
-    return JSONResponse({"status": "UP", "model_class": "vitpose", "model": service.settings.model_name})
+async def ls_health(request: Request) -> Response:
+    return JSONResponse({"status": "UP", "model_class": "vitpose", "model": _service(request).settings.model_name})
 
 
-@endpoint("labelstudio_setup")
-async def ls_setup(request: Request, service: Service) -> Response:
+async def ls_setup(request: Request) -> Response:
+    service = _service(request)
     data = await _json_body(request, service)
     labelling_names(data.get("schema"), service.skeleton.keypoint_names)  # a config it cannot answer: now
     service.task_images.set_up(data.get("hostname"), data.get("access_token"))
     return JSONResponse({"model_version": MODEL_VERSION})
 
 
-@endpoint("labelstudio_predict", counts_in_flight=True)
-async def ls_predict(request: Request, service: Service) -> Response:
+async def ls_predict(request: Request) -> Response:
+    service = _service(request)
     data = await _json_body(request, service)
     tasks = data.get("tasks")
     if not isinstance(tasks, list):
@@ -367,7 +367,7 @@ async def ls_predict(request: Request, service: Service) -> Response:
         try:
             image = await run_in_threadpool(decode, raw, name, settings.max_pixels)
         except RequestError as e:
-            raise RequestError(e.status, f"{where}: {e}") from None
+            raise RequestError(e.http_status, f"{where}: {e}") from None
         poses = await service.poses(image, None)
         records, _ = image_records(poses, name, image_ids([name])[0][0], image.shape[:2])
         answer = labelstudio_tasks(records, service.skeleton, settings.mark_below, **names.writer_names())
@@ -377,26 +377,153 @@ async def ls_predict(request: Request, service: Service) -> Response:
     return JSONResponse({"results": list(results), "model_version": MODEL_VERSION})
 
 
-async def _not_found(request: Request, exc: HTTPException) -> Response:
+@dataclass(frozen=True)
+class Endpoint:
+    """A route and what the middleware does around it."""
+
+    path: str
+    method: str
+    handler: Callable
+    name: str  # its label in /metrics
+    auth: bool = True  # needs the token (--token)
+    counts_in_flight: bool = False  # holds a body and an image: counted against --max-in-flight
+
+
+ENDPOINTS = (
+    Endpoint("/", "GET", page, "page", auth=False),
+    Endpoint("/v1/predict", "POST", predict, "predict", counts_in_flight=True),
+    Endpoint("/v1/health", "GET", health, "health", auth=False),
+    Endpoint("/v1/model", "GET", model_info, "model"),
+    Endpoint("/metrics", "GET", metrics, "metrics"),
+    Endpoint("/health", "GET", ls_health, "labelstudio_health", auth=False),
+    Endpoint("/setup", "POST", ls_setup, "labelstudio_setup"),
+    Endpoint("/predict", "POST", ls_predict, "labelstudio_predict", counts_in_flight=True),
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# The seams: errors and middleware
+
+
+def error_response(status: int, message: str) -> JSONResponse:
+    """The one error answer: `{"error": one line}` (a 401 says how to authenticate)."""
+    headers = {"WWW-Authenticate": 'Bearer realm="vitpose"'} if status == 401 else None
+    return JSONResponse({"error": message.splitlines()[0] if message else "error"}, status_code=status,
+                        headers=headers)
+
+
+async def _user_error(request: Request, exc: UserError) -> Response:
+    return error_response(exc.http_status, str(exc))
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    # Starlette's error middleware raises it on after this answer: uvicorn logs its traceback, once
+    return error_response(500, f"internal error: {type(exc).__name__}: {exc}")
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
     return error_response(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
 
 
+def token_matches(authorization: str, token: str) -> bool:
+    """`Bearer TOKEN`, or Basic with TOKEN as the password (Label Studio's backend auth)."""
+    scheme, _, value = authorization.partition(" ")
+    if scheme.lower() == "basic":
+        try:
+            value = base64.b64decode(value.strip(), validate=True).decode("utf-8").partition(":")[2]
+        except (binascii.Error, ValueError):
+            value = ""
+    elif scheme.lower() != "bearer":
+        value = ""
+    return bool(value) and hmac.compare_digest(value.strip().encode(), token.encode())
+
+
+class _AroundEndpoints:
+    """ASGI middleware around the requests of `ENDPOINTS` (others, a 404 or a 405, pass untouched)."""
+
+    def __init__(self, app, service: Service):
+        self.app = app
+        self.service = service
+        self.endpoints = {(e.method, e.path): e for e in ENDPOINTS}
+
+    async def __call__(self, scope, receive, send) -> None:
+        endpoint = None
+        if scope["type"] == "http":
+            method = "GET" if scope["method"] == "HEAD" else scope["method"]
+            endpoint = self.endpoints.get((method, scope["path"]))
+        if endpoint is None:
+            await self.app(scope, receive, send)
+        else:
+            await self.around(endpoint, scope, receive, send)
+
+    async def around(self, endpoint: Endpoint, scope, receive, send) -> None:
+        raise NotImplementedError
+
+
+class RequestMetrics(_AroundEndpoints):
+    """Every answer timed and counted by endpoint and status (`Metrics.request`); an exception
+    going out to the error handler is its 500."""
+
+    async def around(self, endpoint, scope, receive, send) -> None:
+        start, status = time.perf_counter(), 500
+
+        async def send_status(message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            self.service.metrics.request(endpoint.name, status, time.perf_counter() - start)
+
+
+class InFlightLimit(_AroundEndpoints):
+    """At most `--max-in-flight` requests of the endpoints that hold an image; beyond it 503 at once."""
+
+    async def around(self, endpoint, scope, receive, send) -> None:
+        if not endpoint.counts_in_flight:
+            await self.app(scope, receive, send)
+            return
+        metrics, limit = self.service.metrics, self.service.settings.max_in_flight
+        if metrics.in_flight >= limit:
+            busy = error_response(503, f"busy: {limit} requests are being answered (--max-in-flight); try again")
+            await busy(scope, receive, send)
+            return
+        metrics.started(+1)  # no await between the check and this: the event loop runs one at a time
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            metrics.started(-1)
+
+
+class TokenCheck(_AroundEndpoints):
+    """With `--token`, 401 for a request without it (the page and the health checks are open)."""
+
+    async def around(self, endpoint, scope, receive, send) -> None:
+        token = self.service.settings.token
+        if endpoint.auth and token is not None and not token_matches(Headers(scope=scope).get("authorization", ""),
+                                                                     token):
+            refused = error_response(401, "missing or wrong token: send 'Authorization: Bearer TOKEN' "
+                                          "(vitpose serve --token)")
+            await refused(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
 def build_app(service: Service) -> Starlette:
-    routes = [
-        Route("/", page, methods=["GET"]),
-        Route("/v1/predict", predict, methods=["POST"]),
-        Route("/v1/health", health, methods=["GET"]),
-        Route("/v1/model", model_info, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
-        Route("/health", ls_health, methods=["GET"]),
-        Route("/setup", ls_setup, methods=["POST"]),
-        Route("/predict", ls_predict, methods=["POST"]),
-    ]
+    """The application of `service`: the routes of `ENDPOINTS`, the middleware (outermost first:
+    metrics, in-flight limit, token) and the error handlers (see the module docstring)."""
+    routes = [Route(e.path, e.handler, methods=[e.method]) for e in ENDPOINTS]
+
     @contextlib.asynccontextmanager
     async def lifespan(app):
         yield
         await run_in_threadpool(service.runner.close)  # after the requests in flight: their jobs are done
 
-    app = Starlette(routes=routes, exception_handlers={HTTPException: _not_found}, lifespan=lifespan)
+    middleware = [Middleware(cls, service=service) for cls in (RequestMetrics, InFlightLimit, TokenCheck)]
+    handlers = {UserError: _user_error, HTTPException: _http_error, Exception: _internal_error}
+    app = Starlette(routes=routes, middleware=middleware, exception_handlers=handlers, lifespan=lifespan)
     app.state.service = service
     return app

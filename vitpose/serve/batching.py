@@ -1,18 +1,18 @@
 """Request batching: the images of concurrent requests share forward passes of one predictor.
 
-One thread (`BatchRunner`) owns the predictor (a `vitpose.Predictor` or `vitpose.OnnxPredictor`,
-whose `TopDown.__call__` is the one pipeline: boxes -> crops -> network -> decode). Requests
-`submit(image, boxes)` and get a `concurrent.futures.Future` of the image's `Poses`. The thread
-takes the first waiting job, then gathers more until their crops reach `max_batch` or `max_wait`
-has passed since the first, and runs them as one call of the pipeline: the crops of every image go
-through the network together (`max_batch` crops per pass: the predictor's `batch_size`). A job
-that would overflow the batch waits for the next one.
+One thread (`BatchRunner`) runs a function it is given, `run_batch(images, boxes, labels,
+failures) -> [Poses | None]` (`vitpose.serve.app.batch_function`: the predictor's one pipeline
+through `vitpose.inference.runner.predict_chunk`). Requests `submit(image, boxes)` and get a
+`concurrent.futures.Future` of the image's `Poses`. The thread takes the first waiting job, then
+gathers more until their crops reach `max_batch` or `max_wait` has passed since the first, and
+hands them to the function as one batch. A job that would overflow the batch waits for the next one.
+A job without boxes passes None for its image: the pipeline's detector finds its people.
 
 One request's bad input never fails another's: images are decoded and boxes checked before they
-are submitted, and if a batch still fails, its jobs are run again one by one so the failure lands
-on the job that caused it. A job cancelled before its batch started (its request timed out) is
-dropped. Forward passes, their sizes and seconds are counted where the network runs
-(`Metrics.forward`), not inferred.
+are submitted, and if a batch still fails, `predict_chunk` runs its images one by one (the
+project's one rule for that) and keeps each failure in `failures.errors`; each job gets its own
+error. A job cancelled before its batch started (its request timed out) is dropped. The batcher
+knows nothing of the predictor: it never sets its batch size or wraps its network.
 """
 
 from __future__ import annotations
@@ -20,9 +20,12 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 
 import numpy as np
+
+from vitpose.inference.runner import Failures
 
 __all__ = ["BatchRunner", "Metrics"]
 
@@ -41,30 +44,21 @@ class _Job:
 
 
 class BatchRunner:
-    """The predictor's thread: `submit(image, boxes)` -> Future[Poses] (see the module docstring).
+    """The batch thread: `submit(image, boxes)` -> Future[Poses] (see the module docstring).
 
-    predictor: a TopDown predictor; its `batch_size` becomes `max_batch` (crops per forward pass)
-    and its `run_network` is wrapped to count the passes into `metrics`.
+    run_batch(images, boxes, labels, failures) -> one `Poses` or None per image: a None is a failed
+    image, its exception in `failures.errors[label]` (`predict_chunk`'s contract).
+    max_batch: crops gathered into one batch (the predictor's batch size: one forward pass).
     max_wait: seconds a batch waits for more requests after its first one.
     """
 
-    def __init__(self, predictor, max_batch: int, max_wait: float, metrics: Metrics):
+    def __init__(self, run_batch: Callable, max_batch: int, max_wait: float, prog: str = "vitpose serve"):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-        self.predictor = predictor
+        self.run_batch = run_batch
         self.max_batch = int(max_batch)
         self.max_wait = float(max_wait)
-        self.metrics = metrics
-        predictor.batch_size = self.max_batch
-        network = predictor.run_network
-
-        def counted_network(crops):
-            start = time.perf_counter()
-            heatmaps = network(crops)
-            metrics.forward(len(crops), time.perf_counter() - start)
-            return heatmaps
-
-        predictor.run_network = counted_network  # this instance only: the pipeline calls it per pass
+        self.prog = prog
         self._queue: queue.Queue = queue.Queue()
         self._held = None  # the job that did not fit the last batch
         self._thread = threading.Thread(target=self._loop, name="vitpose-batches", daemon=True)
@@ -116,31 +110,21 @@ class BatchRunner:
                 self._run(batch)
 
     def _run(self, batch: list[_Job]) -> None:
+        """One call of the function; each job gets its poses or its own error."""
+        labels = list(range(len(batch)))
+        # no traceback here: the request's error handler answers a bug with 500 and the server logs it once
+        failures = Failures(self.prog, show_tracebacks=False)
         try:
-            poses = self._pose(batch)
-        except Exception as e:  # noqa: BLE001 - the failure is handed to the request(s) it belongs to
-            if len(batch) == 1:
-                batch[0].future.set_exception(e)
-                return
-            for job in batch:  # one by one: only the job that fails gets the error
-                try:
-                    job.future.set_result(self._pose([job])[0])
-                except Exception as e_job:  # noqa: BLE001
-                    job.future.set_exception(e_job)
+            found = self.run_batch([job.image for job in batch], [job.boxes for job in batch], labels, failures)
+        except Exception as e:  # noqa: BLE001 - the function itself failed: no request may wait for ever
+            for job in batch:
+                job.future.set_exception(e)
             return
-        for job, found in zip(batch, poses):
-            job.future.set_result(found)
-
-    def _pose(self, batch: list[_Job]):
-        """One call of the pipeline on every image of the batch (the detector first, for the jobs without boxes)."""
-        images = [job.image for job in batch]
-        boxes = [job.boxes for job in batch]
-        unboxed = [i for i, b in enumerate(boxes) if b is None]
-        if unboxed:
-            found = self.predictor.detect([images[i] for i in unboxed], channels="bgr")
-            for i, detections in zip(unboxed, found):
-                boxes[i] = np.concatenate([detections.boxes, detections.scores[:, None]], axis=1)
-        return self.predictor(images, boxes=boxes, channels="bgr")
+        for label, job, poses in zip(labels, batch, found):
+            if label in failures.errors:
+                job.future.set_exception(failures.errors[label])
+            else:
+                job.future.set_result(poses)
 
 
 class Metrics:
@@ -160,11 +144,19 @@ class Metrics:
         self._latency: dict[str, _Histogram] = {}
 
     def forward(self, crops: int, seconds: float) -> None:
+        """One forward pass of `crops` crops that took `seconds`."""
         with self._lock:
             self.forward_passes += 1
             self.crops += crops
             self.forward_seconds += seconds
             self._batch.observe(crops)
+
+    def pipeline_call(self, crops: int, batch_size: int, seconds: float) -> None:
+        """One call of the top-down pipeline: its `crops` went through the network `batch_size` at a
+        time (`TopDown`'s rule, one pass per slice) in `seconds` (its timer's "pose" stage)."""
+        sizes = [min(batch_size, crops - start) for start in range(0, crops, max(1, batch_size))]
+        for size in sizes:
+            self.forward(size, seconds / len(sizes))
 
     def request(self, endpoint: str, status: int, seconds: float) -> None:
         with self._lock:

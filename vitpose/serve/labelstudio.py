@@ -32,18 +32,27 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vitpose.data.annotation_formats import labelstudio_file_name
+from vitpose.errors import UserError
 
 __all__ = ["LabellingNames", "RequestError", "TaskImages", "labelling_names"]
 
 MODEL_VERSION = "vitpose"  # what `vitpose predict --format labelstudio` writes as `model_version`
 
 
-class RequestError(Exception):
-    """A request the server refuses: an HTTP status and one line naming the problem."""
+class RequestError(UserError):
+    """A request the server refuses: an HTTP status (`http_status`) and one line naming the problem.
+
+    A `UserError`, as every refusal the server words itself: the application's one error handler
+    answers it with its status (`vitpose.serve.app`); 502 and 504 say an upstream or the server was
+    too slow, which is no bug either."""
 
     def __init__(self, status: int, message: str):
         super().__init__(message)
-        self.status = status
+        self.http_status = status
+
+    @property
+    def status(self) -> int:
+        return self.http_status
 
 
 @dataclass(frozen=True)
