@@ -50,7 +50,8 @@ def _check_det_classes(det_classes) -> None:
         try:
             parse_det_classes(det_classes)
         except ValueError as e:
-            raise UsageError(f"--det-classes: {e}") from None
+            message = str(e)
+            raise UsageError(message if message.startswith("--det-classes") else f"--det-classes: {message}") from None
 
 
 def _device(model, device, exported: bool):
