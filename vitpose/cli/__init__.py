@@ -24,30 +24,23 @@ skeleton (what the weights were trained as); `evaluate` its model, data and eval
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import traceback
 from collections.abc import Sequence
 
-from vitpose.cli import (
-    audit,
-    build_crop_cache,
-    check_data,
-    evaluate,
-    export,
-    import_annotations,
-    merge,
-    plot,
-    predict,
-    select,
-    serve,
-    train,
-    tune,
-)
 from vitpose.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_STATUSES, UserError
 
-# The subcommands, in the order `vitpose --help` lists them.
-COMMANDS = (train, evaluate, predict, export, tune, check_data, build_crop_cache, plot, import_annotations, merge,
-            serve, select, audit)
+# The subcommands (modules of this package), in the order `vitpose --help` lists them. Each is
+# imported only when its command runs (or for the full --help): `vitpose merge` never loads torch.
+COMMANDS = ("train", "evaluate", "predict", "export", "tune", "check_data", "build_crop_cache", "plot",
+            "import_annotations", "merge", "serve", "select", "audit")
+
+
+def command_module(name: str):
+    """The module of the command `name` ("check-data" or "check_data")."""
+    return importlib.import_module(f"vitpose.cli.{name.replace('-', '_')}")
+
 
 SHARED = ("--config", "--set", "--device", "--debug")
 CONFIG_HELP = ("run config: a YAML file or the name of a shipped config (e.g. vitpose-s_coco_256x192, demo; "
@@ -90,12 +83,13 @@ def exit_status_table() -> str:
         for status, meaning in EXIT_STATUSES)
 
 
-def build_parser(prog: str = "vitpose") -> argparse.ArgumentParser:
+def build_parser(prog: str = "vitpose", only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or of the command `only` (the one a command line names)."""
     parser = argparse.ArgumentParser(prog=prog, description="ViTPose in plain PyTorch.", allow_abbrev=False,
                                      epilog=exit_status_table(), formatter_class=argparse.RawDescriptionHelpFormatter)
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=CommandParser)
-    for command in COMMANDS:
-        command.add_parser(subparsers)
+    for name in COMMANDS if only is None else (only,):
+        command_module(name).add_parser(subparsers)
     return parser
 
 
@@ -109,7 +103,8 @@ def command_parser(command, prog: str) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    named = argv[0].replace("-", "_") if argv and isinstance(argv[0], str) else None
+    args = build_parser(only=named if named in COMMANDS else None).parse_args(argv)
     args.argv = argv[1:]  # the command's own arguments, for a command that starts itself again (--detach)
     return run_command(args, f"vitpose {args.command}")
 
