@@ -33,26 +33,29 @@ continues a JSON Lines file: the frames it holds are skipped.
 
 from __future__ import annotations
 
-import os
 import queue
-import shutil
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import cv2
 import numpy as np
 
 from vitpose.errors import UserError
-from vitpose.files import as_path, create_private, free_space, opencv_path, rename_into_place
 from vitpose.inference.draw import draw_people
-from vitpose.inference.pipeline import VIDEO_SUFFIXES, ResultsFile, coco_records, video_boxes
+from vitpose.inference.pipeline import ResultsFile, coco_records, video_boxes
 from vitpose.inference.results import Poses
 from vitpose.inference.runner import Failures, PredictOptions, predict_chunk
 from vitpose.inference.tracking import DetectionSchedule, KeypointSmoother, Tracker
-from vitpose.run.sources import DEFAULT_FPS, Frame, FrameReader, VideoError, check_video_file  # noqa: F401 - re-exported
+from vitpose.inference.video_file import VideoFile, VideoWriteError, open_video_writer, output_video_path  # noqa: F401
+from vitpose.run.sources import (  # noqa: F401 - re-exported
+    DEFAULT_FPS,
+    Frame,
+    FrameReader,
+    VideoError,
+    check_video_file,
+    written_video_problem,
+)
 
 __all__ = ["FrameReader", "VideoError", "VideoFile", "VideoWriteError", "VideoSummary", "check_video_file", "open_video_writer", "output_video_path",
            "run_video"]
@@ -62,105 +65,6 @@ STAGES = ("decode", "detect", "crop", "pose", "decode heatmaps", "track", "draw"
 
 # ---------------------------------------------------------------------------------------------
 # Output
-
-
-def output_video_path(out, source) -> Path:
-    """`--out DIR` -> DIR/<source stem>.mp4 (webcam N: webcam_N.mp4); a path with a video
-    suffix (.mp4, .avi, ...) is used as the file itself. source: a path or a camera index."""
-    out = Path(out)
-    if out.suffix.lower() in VIDEO_SUFFIXES:
-        return out
-    stem = f"webcam_{source}" if isinstance(source, int) else Path(source).stem
-    return out / f"{stem}.mp4"
-
-
-def open_video_writer(path: Path, fps: float, size) -> VideoFile:
-    """A `VideoFile` (mp4v in .mp4/.mov/.m4v, MJPG in .avi, VP80 in .webm, XVID otherwise)."""
-    return VideoFile(path, fps, size)
-
-
-class VideoWriteError(UserError):
-    """The drawn video could not be written (disk full, a size limit): one line; no file is left."""
-
-    exit_status = 1
-
-
-class VideoFile:
-    """A video being written to `path`, with OpenCV's VideoWriter's `write(bgr)` and `release()`.
-
-    The frames go to an ASCII-named file `video.mp4` in a new private folder beside `path`
-    (`.vitpose-video.XXXXXXXX.tmp/`, `vitpose.files.create_private`: OpenCV opens it by name, and
-    nobody else can put a link there first; OpenCV picks the container by the suffix, and crashes
-    on names that are not UTF-8; such a folder is reached through `vitpose.files.opencv_path`'s link). `release()` closes it
-    (OpenCV writes the container's index: a playable file), checks it (OpenCV's writer reports no
-    error: a full disk only prints warnings, and leaves a file that does not open or lacks frames),
-    and renames it over `path` with `vitpose.files.rename_into_place` (checked to be the file made
-    here, fsynced, the umask's mode, the folder fsynced). A file that does not hold the frames
-    written is deleted and `VideoWriteError` says so. A run stopped by SIGINT/SIGTERM releases it
-    too, so the video it leaves plays up to the last frame."""
-
-    def __init__(self, path, fps: float, size):
-        self.path = as_path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        suffix = self.path.suffix.lower()
-        self.fourcc = {".mp4": "mp4v", ".mov": "mp4v", ".m4v": "mp4v", ".avi": "MJPG", ".webm": "VP80"}.get(suffix,
-                                                                                                       "XVID")
-        self.frames = 0
-        self.stage, self.staged, self.created = create_private(
-            self.path, "video" + (suffix if suffix.isascii() else ".mp4"), prefix=".vitpose-video.")
-        with opencv_path(self.staged) as name:  # the writer has the file open once it is built
-            self.writer = cv2.VideoWriter(name, cv2.VideoWriter_fourcc(*self.fourcc), float(fps), tuple(size))
-        if not self.writer.isOpened():
-            self.writer.release()
-            shutil.rmtree(self.stage, ignore_errors=True)
-            raise VideoError(f"--out: cannot write the video {self.path} (codec {self.fourcc}; is the folder "
-                             f"writable?)")
-
-    def write(self, bgr: np.ndarray) -> None:
-        self.writer.write(bgr)
-        self.frames += 1
-
-    def release(self) -> None:
-        """Close, check and rename into place; VideoWriteError (the staged file deleted) when the
-        file does not hold the frames written."""
-        self.writer.release()
-        if not os.path.exists(self.staged):  # released before
-            return
-        try:
-            problem = self._unreadable()
-            if problem is not None:
-                raise VideoWriteError(f"--out: could not write the video {self.path}: {problem} after "
-                                      f"{self.frames} frames were written (disk full? "
-                                      f"{free_space(self.path.parent)} on its filesystem); no video was left. "
-                                      f"Free some space or choose another place")
-            rename_into_place(self.staged, self.path, self.created)
-        finally:
-            shutil.rmtree(self.stage, ignore_errors=True)
-
-    def _unreadable(self) -> str | None:
-        """Why the closed file does not hold the frames written (None: it does): it must open, declare
-        that many frames and give the last one; a file that declares another count is decoded through."""
-        if self.frames == 0:
-            return None
-        with opencv_path(self.staged) as name:
-            capture = cv2.VideoCapture(name)
-            try:
-                if not capture.isOpened():
-                    return "the file does not open as a video"
-                declared = int(capture.get(cv2.CAP_PROP_FRAME_COUNT) or 0)
-                if declared == self.frames:
-                    capture.set(cv2.CAP_PROP_POS_FRAMES, self.frames - 1)
-                    if capture.read()[0]:
-                        return None
-                    capture.set(cv2.CAP_PROP_POS_FRAMES, 0)
-                decoded = 0
-                while capture.grab():
-                    decoded += 1
-                if decoded == self.frames:
-                    return None
-                return f"only {decoded} of its {self.frames} frames decode"
-            finally:
-                capture.release()
 
 
 @dataclass

@@ -188,28 +188,13 @@ def iter_frames(source: Path, kind: str, every: int = 1, skip=frozenset()) -> It
 
 
 def _video_frames(source: Path, every: int, skip):
-    import cv2
+    """Every `every`-th frame not in `skip`, read by the one frame reader (the others passed by
+    undecoded; a frame that fails to decode is skipped, as `vitpose predict` skips it)."""
+    from vitpose.run.sources import FrameReader
 
-    from vitpose.files import opencv_path
-
-    with opencv_path(source) as readable:
-        capture = cv2.VideoCapture(str(readable))
-        if not capture.isOpened():
-            raise UserError(f"SRC {source}: OpenCV cannot open this video")
-        try:
-            index = 0
-            while True:
-                if index % every or frame_name(source, index) in skip:
-                    if not capture.grab():
-                        break
-                else:
-                    ok, image = capture.read()
-                    if not ok:
-                        break
-                    yield frame_name(source, index), index, np.ascontiguousarray(image[:, :, ::-1])
-                index += 1
-        finally:
-            capture.release()
+    reader = FrameReader(source, keep=lambda index: not index % every and frame_name(source, index) not in skip)
+    for frame in reader:
+        yield frame_name(source, frame.index), frame.index, np.ascontiguousarray(frame.bgr[:, :, ::-1])
 
 
 def labelled_names(path: Path) -> set[str]:

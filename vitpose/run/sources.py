@@ -27,7 +27,7 @@ from vitpose.errors import UsageError, UserError
 from vitpose.files import opencv_path
 
 __all__ = ["DEFAULT_FPS", "IMAGE_SUFFIXES", "VIDEO_SUFFIXES", "Frame", "FrameReader", "VideoError", "check_video_file",
-           "classify_source", "list_images", "video_frame_count"]
+           "classify_source", "list_images", "video_frame_count", "written_video_problem"]
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".jp2", ".pgm", ".ppm")
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg", ".wmv", ".flv", ".ts")
@@ -112,6 +112,8 @@ class FrameReader:
         start, end: the frames [start, end) only (a video segment; end None: to the end). The
             frames before `start` are decoded and dropped (`grab`), which is exact in every
             container, where seeking lands on a key frame in some.
+        keep: index -> whether to yield that frame; the others are passed by without being
+            converted to pixels (`grab`): `vitpose select` scoring every N-th frame.
 
     Iterating yields `Frame`s. Afterwards: `skipped` (indices of frames that failed to decode
     and were followed by good ones), `missing_at_end` (frames the container declares but that
@@ -120,7 +122,7 @@ class FrameReader:
     """
 
     def __init__(self, source, max_failures: int = 25, stop: threading.Event | None = None, start: int | None = None,
-                 end: int | None = None):
+                 end: int | None = None, keep=None):
         self.webcam = isinstance(source, int)
         self.source = source
         self.name = f"webcam {source}" if self.webcam else str(source)
@@ -152,7 +154,7 @@ class FrameReader:
         self.stop = threading.Event()  # the pipeline's own: set when it ends, whatever the reason
         self.requested = stop  # the caller's (a signal): the run was interrupted
         self.decode_seconds = 0.0
-        self.start, self.end = int(start or 0), end
+        self.start, self.end, self.keep = int(start or 0), end, keep
 
     def _stopped(self) -> bool:
         return self.stop.is_set() or (self.requested is not None and self.requested.is_set())
@@ -168,6 +170,11 @@ class FrameReader:
             if index < self.start:
                 return
             while not self._stopped() and (self.end is None or index < self.end):
+                if self.keep is not None and not self.keep(index):
+                    if not self.capture.grab():
+                        break
+                    index += 1
+                    continue
                 start = time.perf_counter()
                 ok, bgr = self.capture.read()
                 good = ok and bgr is not None and bgr.ndim == 3 and bgr.shape[2] == 3
@@ -210,3 +217,28 @@ def check_video_file(path: Path) -> None:
         raise VideoError(f"video not readable (permissions): {path}")
     if path.stat().st_size == 0:
         raise VideoError(f"{path}: the file is empty (0 bytes)")
+
+
+def written_video_problem(path: Path, frames: int) -> str | None:
+    """Why a video file just written does not hold its `frames` frames (None: it does): it must
+    open, declare that many frames and give the last one; a file that declares another count is
+    decoded through. (A full disk can leave a file that opens but stops early.)"""
+    if frames == 0:
+        return None
+    with opencv_path(path) as name:
+        capture = cv2.VideoCapture(name)
+        try:
+            if not capture.isOpened():
+                return "the file does not open as a video"
+            declared = int(capture.get(cv2.CAP_PROP_FRAME_COUNT) or 0)
+            if declared == frames:
+                capture.set(cv2.CAP_PROP_POS_FRAMES, frames - 1)
+                if capture.read()[0]:
+                    return None
+                capture.set(cv2.CAP_PROP_POS_FRAMES, 0)
+            decoded = 0
+            while capture.grab():
+                decoded += 1
+            return None if decoded == frames else f"only {decoded} of its {frames} frames decode"
+        finally:
+            capture.release()
