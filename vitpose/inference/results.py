@@ -23,6 +23,10 @@ class Detections(NamedTuple):
     boxes: np.ndarray
     scores: np.ndarray
 
+    def as_array(self) -> np.ndarray:
+        """(M, 5) float32: xyxy and the score, the caller-box form every predictor's call takes."""
+        return np.concatenate([self.boxes, self.scores[:, None]], axis=1).astype(np.float32, copy=False)
+
 
 class FlipViews(NamedTuple):
     """One image's people with the flip test's two views kept apart (`TopDown.flip_views`):

@@ -23,8 +23,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from vitpose.errors import UserError
 
 __all__ = ["Failures", "PredictOptions", "predict_chunk"]
@@ -123,9 +121,7 @@ class Failures:
 
 def _as_array(found):
     """`Detections` -> (M, 5) xyxy + score, what every predictor's call takes."""
-    if found is None or not hasattr(found, "scores"):
-        return found
-    return np.concatenate([found.boxes, found.scores[:, None]], axis=1)
+    return found.as_array() if hasattr(found, "as_array") else found
 
 
 def _boxes_of(images, labels, boxes, box_lookup):

@@ -204,7 +204,7 @@ def predict_with_ray(options: PredictOptions, plan, boxes) -> int:
         if table is not None:
             # checked against the image's size (its header) as a local run checks it: the same refusal
             found = table.lookup(key, unit.file_name if key == "file_name" else unit.image_id, _image_size(unit.path))
-            item["boxes"] = json.dumps(np.concatenate([found.boxes, found.scores[:, None]], 1).tolist())
+            item["boxes"] = json.dumps(found.as_array().tolist())
         items.append(item)
     model = options.model
     if not ray.is_initialized():

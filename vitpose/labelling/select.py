@@ -274,7 +274,7 @@ def _boxes_for(table, name: str, frame: int | None) -> np.ndarray:
     else:
         raise UserError(f"--boxes {table.path}: its records need 'frame' (videos), 'file_name' or a COCO "
                         f"'image_id' (images) to be matched to {name}")
-    return np.concatenate([found.boxes, found.scores[:, None]], 1)
+    return found.as_array()
 
 
 def _keypoints_of(records: list) -> np.ndarray:

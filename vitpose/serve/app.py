@@ -226,7 +226,7 @@ def parse_boxes(text, box_format: str):
         found = caller_boxes(np.asarray(rows, np.float32).reshape(len(rows), -1) if rows else [], box_format)
     except (ValueError, DataError) as e:
         raise RequestError(422, f"boxes: {e}") from None
-    return np.concatenate([found.boxes, found.scores[:, None]], axis=1)
+    return found.as_array()
 
 
 def decode(data: bytes, name: str, max_pixels: int | None) -> np.ndarray:
