@@ -27,7 +27,8 @@ import json
 import sys
 from pathlib import Path
 
-from vitpose.errors import EXIT_INTERRUPTED, EXIT_OK, UserError
+from vitpose.cli.options import add_model_arguments, model_options, open_model
+from vitpose.errors import EXIT_INTERRUPTED, EXIT_OK, UsageError
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -35,7 +36,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("audit", help="rank labelled people by how likely their label is wrong",
                               shared=("--config", "--device", "--debug"), description=doc[0],
                               epilog="\n\n".join(doc[1:]), formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="weights file, published name or HF repo id (vitpose.load_model)")
+    add_model_arguments(p, default_model=None, detector=False, flip=False)  # the labels' boxes, both views
     p.add_argument("--annotations", required=True, type=Path, help="the COCO keypoint file to audit")
     p.add_argument("--images", required=True, type=Path, help="the folder of its images")
     p.add_argument("--out", required=True, type=Path, action="append",
@@ -50,14 +51,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue --progress: skip the images it holds")
     p.add_argument("--image-prefix", default="/data/local-files/?d=",
                    help="Label Studio tasks: the image URL before the file name")
-    p.add_argument("--batch-size", type=int, default=None, help="crops per forward pass")
     p.set_defaults(run=run)
     return p
-
-
-class UsageError(UserError):
-    """A problem with the command line or the user's files, reported in one line by `vitpose.cli`'s
-    handler (exit status 2)."""
 
 
 def check_flags(args) -> Path:
@@ -90,18 +85,11 @@ def check_flags(args) -> Path:
 
 
 def run(args) -> int:
-    from vitpose.device import resolve_device
-    from vitpose.run.stop import StopOnSignal
-    from vitpose.inference.predictor import Predictor
     from vitpose.labelling.audit import audit_annotations, read_labels
+    from vitpose.run.stop import StopOnSignal
 
     progress = check_flags(args)
-    try:
-        device = resolve_device(args.device)
-    except ValueError as e:
-        raise UsageError(f"--device: {e}") from None
-    predictor = Predictor.from_pretrained(args.model, detector=None, device=device, config=args.config,
-                                          batch_size=args.batch_size)
+    predictor = open_model(model_options(args), views=True)  # the flip test's two views are evidence
     labels = read_labels(args.annotations.expanduser(), predictor.skeleton.num_keypoints)
     if not labels:
         raise UsageError(f"--annotations {args.annotations}: no labelled person to audit")

@@ -28,12 +28,12 @@ from torch.utils.data import DataLoader
 from vitpose.builders import build_dataset_info, build_evaluator, build_val_set, load_model, val_bbox_path
 from vitpose.config import Config, load_config
 from vitpose.data.image_io import load_image
-from vitpose.device import resolve_device, tune_cpu_allocator
+from vitpose.device import PRECISIONS, resolve_device, tune_cpu_allocator
 from vitpose.device import resolve_precision as resolve_precision_for_inference
 from vitpose.engine.checkpoint import load_checkpoint
 from vitpose.engine.evaluate import format_stats, predict
 from vitpose.engine.precision import resolve_precision
-from vitpose.errors import UserError
+from vitpose.errors import UsageError, UserError
 from vitpose.evaluation.coco_evaluator import save_predictions
 from vitpose.files import check_output, stream_kind, write_image
 from vitpose.inference.draw import draw_pose
@@ -60,7 +60,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=None, help="crops per batch (default: loader.val_batch_size)")
     p.add_argument("--workers", type=int, default=None, help="data loader workers (default: min(8, CPUs))")
     p.add_argument("--amp", action="store_true", help="autocast (train.amp_dtype on CUDA, bfloat16 on CPU)")
-    p.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default=None,
+    p.add_argument("--precision", default=None, metavar="auto|fp32|bf16|fp16",
                    help="inference precision (default fp32, or --amp): auto = fp16 on CUDA, bf16 on a CPU "
                         "with AVX512-BF16 or AMX, else fp32 (vitpose.device.resolve_precision)")
     p.add_argument("--data-root", default=None, help="COCO root (overrides data.root)")
@@ -76,6 +76,23 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def run(args) -> int:
     evaluate_checkpoint(args)
     return 0
+
+
+def check_flags(args) -> None:
+    """The flags that need no config, and the checkpoint, checked before anything is read: each
+    refused in one line naming it (exit 2), as `vitpose.open_predictor` refuses them for predict."""
+    from vitpose.models.loading import resolve_weights
+
+    if args.precision is not None and args.precision not in PRECISIONS:
+        raise UsageError(f"--precision: {args.precision!r} is not one of {', '.join(PRECISIONS)}")
+    if args.precision is not None and args.amp:
+        raise UsageError("--precision and --amp both choose the precision: give one")
+    if args.device is not None:
+        pick_device(args.device)
+    try:  # the loader's own rule (a path, a published name, an HF repo id), before a config is looked for
+        resolve_weights(args.checkpoint)
+    except UserError as e:
+        raise UsageError(f"--checkpoint: {e}") from None
 
 
 def load_run_config(args) -> tuple[Config, str]:
@@ -95,12 +112,11 @@ def load_run_config(args) -> tuple[Config, str]:
 
 def evaluate_checkpoint(args) -> dict:
     """The whole evaluation; returns the stats (also printed)."""
+    check_flags(args)
     cfg, config_source = load_run_config(args)
     root = Path(args.data_root if args.data_root is not None else cfg.data.root)
     device = pick_device(args.device or cfg.train.device)
     tune_cpu_allocator(device)  # on a CPU: this process runs the model pass after pass (see its docstring)
-    if args.precision is not None and args.amp:
-        raise UserError("--precision and --amp both choose the precision: give one")
     amp_dtype = (pick_inference_precision(args.precision, device) if args.precision is not None
                  else pick_amp_dtype(device, args.amp or cfg.train.amp, cfg.train.amp_dtype))
     flip = cfg.eval.flip_test and not args.no_flip_test
@@ -205,7 +221,7 @@ def pick_device(name: str | None):
     try:
         return resolve_device(name)
     except ValueError as e:
-        raise UserError(f"--device: {e}") from None
+        raise UsageError(f"--device: {e}") from None
 
 
 def pick_amp_dtype(device, amp: bool, amp_dtype: str):
@@ -221,7 +237,7 @@ def pick_inference_precision(precision: str, device):
     try:
         return resolve_precision_for_inference(precision, device)
     except ValueError as e:
-        raise UserError(f"--precision: {e}") from None
+        raise UsageError(f"--precision: {e}") from None
 
 
 def draw_examples(dataset, predictions, out_dir: Path, num_images: int, thr: float = 0.3) -> list[Path]:

@@ -4,7 +4,8 @@
 --detector-threshold --det-classes --no-flip --batch-size` (a command leaves out what it has no use
 for); `model_options(args)` turns them into the library's typed `ModelOptions`; `open_model(options)`
 opens the predictor through the one door (`vitpose.open_predictor`), which refuses a bad
-`--detector`, `--precision` or `--device` with one line (exit 2) before any model loads.
+`--detector`, `--precision` or `--device` with one line (exit 2) before any model loads
+(`views=True`: also a model that cannot give the flip test's two views, which select and audit read).
 predict, serve, select and audit use these three, so the same flags mean the same thing and fail
 the same way on every command.
 """
@@ -75,11 +76,21 @@ def model_options(args: argparse.Namespace, *, batch_size: int | None = None):
                         detector_threshold=threshold, det_classes=None if classes is None else tuple(classes))
 
 
-def open_model(options):
+def open_model(options, *, views: bool = False):
     """The predictor of `options` through the one door; on a CPU, glibc's allocator tuned for a
-    process that runs the model pass after pass (`vitpose.device.tune_cpu_allocator`)."""
+    process that runs the model pass after pass (`vitpose.device.tune_cpu_allocator`). views: the
+    command reads the flip test's two views apart and the skeleton's details (select, audit), so a
+    model that cannot give them is refused here, in one line, before any work."""
     from vitpose.device import tune_cpu_allocator
+    from vitpose.errors import UsageError
 
     predictor = options.open()
+    if views and getattr(predictor, "graph_flips", False):  # one graph computes the average of the two
+        raise UsageError(f"--model {options.model}: the flip test is inside its graph (vitpose export --flip-test), "
+                         f"which gives the average of the plain and mirrored views, not each; export it again "
+                         f"without --flip-test")
+    if views and getattr(predictor, "skeleton", None) is None:
+        raise UsageError(f"--model {options.model} records no skeleton (keypoint names, flip pairs, sigmas), which "
+                         f"this command needs: export it again with vitpose export --config (the training config)")
     tune_cpu_allocator(getattr(predictor, "device", "cpu"))
     return predictor

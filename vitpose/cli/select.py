@@ -26,7 +26,8 @@ import json
 import sys
 from pathlib import Path
 
-from vitpose.errors import EXIT_INTERRUPTED, EXIT_OK, UserError
+from vitpose.cli.options import add_model_arguments, model_options, open_model
+from vitpose.errors import EXIT_INTERRUPTED, EXIT_OK, UsageError
 
 FORMATS = ("labelstudio", "cvat", "coco")
 SUFFIXES = {"labelstudio": ".json", "cvat": ".xml", "coco": ".json"}
@@ -38,7 +39,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                               shared=("--config", "--device", "--debug"), description=doc[0], epilog="\n\n".join(doc[1:]),
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("source", type=Path, metavar="SRC", help="a folder of images, an image, or a video file")
-    p.add_argument("--model", required=True, help="weights file, published name or HF repo id (vitpose.load_model)")
+    add_model_arguments(p, default_model=None, detector_default=None, flip=False)
     p.add_argument("--count", required=True, type=int, help="how many frames to choose")
     p.add_argument("--out", required=True, type=Path, help="the task file to write")
     p.add_argument("--format", choices=FORMATS, default="labelstudio", help="task file format (default labelstudio)")
@@ -46,8 +47,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--boxes", type=Path, default=None,
                    help="person boxes (COCO detection results: 'file_name' for images, 'frame' for videos) "
                         "instead of the detector")
-    p.add_argument("--detector", default=None, help="default | full-frame | a detector name (default: default, "
-                                                    "none with --boxes)")
     p.add_argument("--every", type=int, default=1, help="videos: score every N-th frame (default 1)")
     p.add_argument("--diversity", type=float, default=0.5,
                    help="0..1: weight of novelty against near-copies of chosen frames (default 0.5; 0 = "
@@ -61,14 +60,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="labelstudio: the image URL before the file name (default Label Studio's local files)")
     p.add_argument("--mark-below", type=float, default=0.3,
                    help="keypoints scored below this are marked for checking in the tasks (default 0.3)")
-    p.add_argument("--batch-size", type=int, default=None, help="crops per forward pass")
     p.set_defaults(run=run)
     return p
-
-
-class UsageError(UserError):
-    """A problem with the command line or the user's files, reported in one line by `vitpose.cli`'s
-    handler (exit status 2)."""
 
 
 def check_flags(args):
@@ -108,22 +101,15 @@ def check_flags(args):
 
 
 def build_predictor(args):
-    from vitpose.device import resolve_device
-    from vitpose.inference.predictor import Predictor
-
-    try:
-        device = resolve_device(args.device)
-    except ValueError as e:
-        raise UsageError(f"--device: {e}") from None
-    detector = args.detector or ("none" if args.boxes is not None else "default")
-    return Predictor.from_pretrained(args.model, detector=None if detector == "none" else detector, device=device,
-                                     config=args.config, batch_size=args.batch_size)
+    """The predictor of the command line through the one door; its flip test's two views are what
+    the ranking reads (an exported graph with the flip test inside is refused: it cannot give them)."""
+    return open_model(model_options(args), views=True)
 
 
 def run(args) -> int:
-    from vitpose.run.stop import StopOnSignal
     from vitpose.inference.pipeline import read_boxes_file
     from vitpose.labelling.select import labelled_names, select_frames
+    from vitpose.run.stop import StopOnSignal
 
     kind, progress, frames_dir = check_flags(args)
     skip = frozenset(labelled_names(args.exclude.expanduser())) if args.exclude is not None else frozenset()

@@ -343,14 +343,39 @@ class OnnxPredictor(TopDown):
         the codec's shift) are the functions `vitpose.topdown.forward_heatmaps` runs, so only the
         graph's arithmetic can differ from PyTorch.
         """
-        x = normalize_images(crops, self.mean, self.std)
         if not self.flip_test or self.graph_flips:
-            return self._run(x)
-        n = len(x)
-        both = self._run(np.concatenate([x, x[..., ::-1]]))  # crops and mirrors as one batch, as Predictor
-        return flip_average(both[:n], both[n:], self.flip_indices, getattr(self.codec, "flip_shift", False))
+            return self._run(normalize_images(crops, self.mean, self.std))
+        plain, mirrored = self._plain_and_mirrored(crops)
+        return flip_average(plain, mirrored, self.flip_indices, getattr(self.codec, "flip_shift", False))
 
     run_network = heatmaps  # what `TopDown` calls between the crops and the decode
+
+    def _plain_and_mirrored(self, crops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The graph's heatmaps of the normalised crops and of their mirrors, as one batch (as Predictor)."""
+        x = normalize_images(crops, self.mean, self.std)
+        both = self._run(np.concatenate([x, x[..., ::-1]]))
+        return both[:len(x)], both[len(x):]
+
+    def run_network_views(self, crops: np.ndarray):
+        """uint8 RGB crops -> (flip-averaged, plain, mirrored-and-flipped-back) heatmaps (N, K, H, W),
+        the flip test's two views kept apart (`TopDown.flip_views`, what `vitpose select` and
+        `vitpose audit` read): the plain graph on the crops and their mirrors, the mirrors' maps
+        turned back by `flip_heatmaps` with the codec's shift, the average `flip_average` (the
+        arithmetic of `vitpose.topdown.forward_flip_views`, so only the graph's can differ). The
+        flip test runs here whether `flip_test` is on or not. A graph with the flip test inside
+        gives the average only: ExportedModelError."""
+        if self.graph_flips:
+            raise ExportedModelError(f"{self.path}: the flip test is inside its graph (vitpose export --flip-test), "
+                                     f"which gives the average of the plain and mirrored views, not each; export it "
+                                     f"again without --flip-test")
+        if self.flip_indices is None:
+            raise OnnxMetadataError(f"{self.path} records no skeleton, so nothing says which of its "
+                                    f"{self.num_keypoints} keypoints mirror which: pass flip_indices=")
+        # checked at load time only where the flip test was to run
+        flip_indices = check_flip_indices(list(self.flip_indices), self.num_keypoints, f"{self.path}: flip_indices")
+        shift = getattr(self.codec, "flip_shift", False)
+        plain, mirrored = self._plain_and_mirrored(crops)
+        return flip_average(plain, mirrored, flip_indices, shift), plain, flip_heatmaps(mirrored, flip_indices, shift)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -38,15 +38,15 @@ from pathlib import Path
 
 import numpy as np
 
-from vitpose.errors import UserError
+from vitpose.errors import MissingExtraError, UserError, missing_extra
 from vitpose.inference.runner import Failures, PredictOptions, predict_chunk
 from vitpose.inference.units import finish_shard_run
 
 __all__ = ["PosePredictor", "actor_resources", "predict_with_ray"]
 
 
-class RayMissingError(UserError):
-    """Ray is not installed."""
+# The error of a missing Ray: the one "install the extra" error (its former name kept).
+RayMissingError = MissingExtraError
 
 
 def _import_ray():
@@ -54,7 +54,7 @@ def _import_ray():
         import ray
         import ray.data  # noqa: F401 - the Data library is a separate extra of ray
     except ImportError:
-        raise RayMissingError("--engine ray needs Ray Data: pip install 'vitpose[ray]' (or 'ray[data]')") from None
+        raise missing_extra("--engine ray", "ray", "ray") from None
     return ray
 
 
@@ -101,7 +101,9 @@ class PosePredictor:
 
     Args: model, config, detector ("default", "full-frame", a name of `vitpose.inference.detect`,
     or None when every row has `boxes`), device, flip_test, batch_size (boxes per forward pass),
-    precision, detector_threshold, det_classes: as `Predictor.from_pretrained`. rows: "person" or
+    precision, detector_threshold, det_classes: as `vitpose.open_predictor`, the one door, so
+    `model` may be weights, a published name, an HF repo id, an `.onnx` file or an OpenVINO IR,
+    and a bad choice is its one-line `UsageError`. rows: "person" or
     "image" (see the module docstring). box_format: "xyxy" or "xywh" for a `boxes` column.
     threads: torch threads in this actor (default: its CPU share, at least 1).
     """
@@ -118,9 +120,9 @@ class PosePredictor:
             raise ValueError(f"rows must be 'person' or 'image', got {rows!r}")
         torch.set_num_threads(max(1, int(threads or 1)))
         self.rows, self.box_format = rows, box_format
-        self.predictor = vitpose.Predictor.from_pretrained(model, detector=detector, device=device, config=config,
-                                                   flip_test=flip_test, batch_size=batch_size, precision=precision,
-                                                   detector_threshold=detector_threshold, det_classes=det_classes)
+        self.predictor = vitpose.open_predictor(model, detector=detector, device=device, config=config,
+                                                flip_test=flip_test, batch_size=batch_size, precision=precision,
+                                                detector_threshold=detector_threshold, det_classes=det_classes)
 
     def _image(self, batch, i: int) -> np.ndarray:
         from vitpose.data.image_io import decode_image, load_image

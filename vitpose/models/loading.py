@@ -144,15 +144,15 @@ def fit_weights(model, state_dict, strict=True, expert=None, *, origin="weights 
         layout = f"vitpose+ {layout}"
         notes.insert(0, expert_note(choice))
     if strict and (missing or unexpected or mismatched):
-        lines = [f"{origin} ({layout} layout) does not fit {type(model).__name__}:"]
+        parts = []  # one line, as every UserError (the command prints it after "error:")
         hints = _describe(state_dict, converted, model, mismatched, choice)
         if hints:
-            lines.append("  the file looks like " + "; ".join(hints))
+            parts.append("the file looks like " + "; ".join(hints))
         for title, items in (("missing in the file", missing), ("unexpected in the file", unexpected),
                              ("shape mismatch", mismatched)):
             if items:
-                lines.append(f"  {title} ({len(items)}): " + ", ".join(items[:40]) + (" ..." if len(items) > 40 else ""))
-        raise CheckpointError("\n".join(lines))
+                parts.append(f"{title} ({len(items)}): " + ", ".join(items[:40]) + (" ..." if len(items) > 40 else ""))
+        raise CheckpointError(f"{origin} ({layout} layout) does not fit {type(model).__name__}: " + "; ".join(parts))
     bad = set(unexpected) | {m.split(":", 1)[0] for m in mismatched}
     fitting = {n: v for n, v in converted.items() if n not in bad}
     return fitting, LoadReport(layout, missing, unexpected, mismatched, skipped, notes)
