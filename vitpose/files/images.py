@@ -179,6 +179,8 @@ def decode_bytes(buf: np.ndarray, path="<bytes>", reduce: int = 1,
     within the pixel limit (`check_pixel_limit`). `path` names the image in messages."""
     if reduce not in REDUCTIONS:
         raise ValueError(f"reduce must be one of {list(REDUCTIONS)}, got {reduce}")
+    if buf.size == 0:
+        raise ImageReadError.of(path, "image is empty")
     check_complete(buf, path)
     check_pixel_limit(buf, path, max_pixels)
     import cv2
@@ -187,7 +189,10 @@ def decode_bytes(buf: np.ndarray, path="<bytes>", reduce: int = 1,
         reduce = 1
     flags = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4,
              8: cv2.IMREAD_REDUCED_COLOR_8}
-    image = cv2.imdecode(buf, flags[reduce])
+    try:
+        image = cv2.imdecode(buf, flags[reduce])
+    except cv2.error:  # OpenCV asserts on some malformed buffers instead of returning None
+        image = None
     if image is None:
         raise ImageReadError.of(path, "image could not be decoded (corrupt or unsupported format)")
     return image, reduce
