@@ -15,22 +15,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from xml.sax.saxutils import quoteattr
 
-from .annotation_draft import (
-    DEFAULT_MARK_BELOW,
-    AnnotationFormatError,
-    Draft,
-    DraftImage,
-    DraftPerson,
-    apply_skeleton,
-    check_image_size,
-    finite_number,
-    images_of,
-    keypoints_of,
-    onto_image,
-    outside_image,
-    refuse_duplicate_images,
-    wrong_format_hint,
-)
+from . import annotation_draft as shared
+from .annotation_draft import DEFAULT_MARK_BELOW, AnnotationFormatError, Draft, DraftImage, DraftPerson
 
 __all__ = ["read_cvat", "to_cvat_xml"]
 
@@ -45,7 +31,7 @@ def read_cvat(path, skeleton=None, label: str | None = None) -> Draft:
     except FileNotFoundError:
         raise AnnotationFormatError("export file not found", file=path) from None
     except (OSError, ET.ParseError) as e:
-        hint = wrong_format_hint(path, "cvat")
+        hint = shared.wrong_format_hint(path, "cvat")
         raise AnnotationFormatError(hint or f"not readable XML ({e}); export the task as 'CVAT for images 1.1'",
                                     file=path, field="--format" if hint else None) from None
     if root.tag != "annotations":
@@ -71,8 +57,8 @@ def read_cvat(path, skeleton=None, label: str | None = None) -> Draft:
         for shape in track.findall("skeleton"):
             item = _cvat_frame(shape.get("frame"), frames, root, draft, path, track.get("id"))
             _cvat_person(shape, item, draft, f"track {track.get('id')} frame {shape.get('frame')}", path, [])
-    refuse_duplicate_images(draft, path, "name")
-    return apply_skeleton(draft, skeleton)
+    shared.refuse_duplicate_images(draft, path, "name")
+    return shared.apply_skeleton(draft, skeleton)
 
 
 def _cvat_meta_labels(root, path: Path) -> dict:
@@ -149,7 +135,7 @@ def _cvat_size(element, path: Path, where: str) -> tuple[int, int]:
     def fail(message, field_name):
         raise AnnotationFormatError(message, file=path, record=where, field=field_name)
 
-    check_image_size(width, height, fail, "width")
+    shared.check_image_size(width, height, fail, "width")
     return width, height
 
 
@@ -216,9 +202,9 @@ def _cvat_person(shape, item: DraftImage, draft: Draft, where: str, path: Path, 
 
         if len(xy) != 2:
             fail(f"must be 'x,y', got {element.get('points')!r}", "points")
-        x, y = (finite_number(v, fail, "points") for v in xy)
-        if outside_image(x, y, item):
-            fail(outside_image(x, y, item), "points")
+        x, y = (shared.finite_number(v, fail, "points") for v in xy)
+        if shared.outside_image(x, y, item):
+            fail(shared.outside_image(x, y, item), "points")
         person.keypoints[name] = (x, y, 1 if element.get("occluded", "0") == "1" else 2)
     if not any(v > 0 for _, _, v in person.keypoints.values()):
         draft.skip("skeletons with every point outside")
@@ -226,7 +212,7 @@ def _cvat_person(shape, item: DraftImage, draft: Draft, where: str, path: Path, 
     group = shape.get("group_id")
     for box in boxes:
         if box.get("group_id") == group:
-            x1, y1, x2, y2 = (finite_number(box.get(k), lambda m, f: _box_fail(path, where, m, f), k)
+            x1, y1, x2, y2 = (shared.finite_number(box.get(k), lambda m, f: _box_fail(path, where, m, f), k)
                               for k in ("xtl", "ytl", "xbr", "ybr"))
             person.bbox = [x1, y1, x2 - x1, y2 - y1]
     item.people.append(person)
@@ -254,12 +240,12 @@ def to_cvat_xml(records, keypoint_names, limbs=(), *, mark_below: float = DEFAUL
         out.append(f"        <label><name>{_xml_text(name)}</name><type>points</type><attributes></attributes>"
                    f"<parent>{_xml_text(label)}</parent></label>")
     out += ["      </labels>", "    </task>", "  </meta>"]
-    for image_id, (file_name, width, height, recs) in enumerate(sorted(images_of(records))):
+    for image_id, (file_name, width, height, recs) in enumerate(sorted(shared.images_of(records))):
         out.append(f'  <image id="{image_id}" name={quoteattr(file_name)} width="{width}" height="{height}">')
         for p, rec in enumerate(recs):
             out.append(f'    <skeleton label={quoteattr(label)} source="auto" z_order="0">')
-            for name, (x, y, s) in zip(names, keypoints_of(rec, len(names), f"{file_name} person {p}")):
-                x, y, moved = onto_image(x, y, width, height)
+            for name, (x, y, s) in zip(names, shared.keypoints_of(rec, len(names), f"{file_name} person {p}")):
+                x, y, moved = shared.onto_image(x, y, width, height)
                 out.append(f'      <points label={quoteattr(name)} source="auto" outside="0" '
                            f'occluded="{int(s < mark_below or bool(moved))}" '
                            f'points="{x:.{CVAT_DECIMALS}f},{y:.{CVAT_DECIMALS}f}"></points>')

@@ -17,22 +17,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import parse_qs, quote, unquote, urlparse
 
-from .annotation_draft import (
-    DEFAULT_MARK_BELOW,
-    AnnotationFormatError,
-    Draft,
-    DraftImage,
-    DraftPerson,
-    apply_skeleton,
-    check_image_size,
-    finite_number,
-    images_of,
-    keypoints_of,
-    onto_image,
-    outside_image,
-    refuse_duplicate_images,
-    wrong_format_hint,
-)
+from . import annotation_draft as shared
+from .annotation_draft import DEFAULT_MARK_BELOW, AnnotationFormatError, Draft, DraftImage, DraftPerson
 
 __all__ = ["labelstudio_file_name", "labelstudio_image_url", "read_labelstudio", "to_labelstudio_tasks"]
 
@@ -48,7 +34,7 @@ def _load_json(path: Path):
         raise AnnotationFormatError("not a Label Studio export: JSON nested too deeply to be a list of tasks",
                                     file=path) from None
     except (OSError, UnicodeDecodeError, ValueError) as e:  # ValueError: JSONDecodeError, an int of 5000 digits
-        hint = wrong_format_hint(path, "labelstudio")
+        hint = shared.wrong_format_hint(path, "labelstudio")
         raise AnnotationFormatError(hint or f"not readable JSON ({e}); export the project as Label Studio 'JSON'",
                                     file=path, field="--format" if hint else None) from None
 
@@ -114,8 +100,8 @@ def read_labelstudio(path, skeleton=None) -> Draft:
         raise AnnotationFormatError(f"no labelled task among {len(tasks)} ({draft.skipped or 'none skipped'}); "
                                     "export the project as 'JSON' (not JSON-MIN) after annotating", file=path,
                                     field="annotations")
-    refuse_duplicate_images(draft, path, "data.image")
-    return apply_skeleton(draft, skeleton)
+    shared.refuse_duplicate_images(draft, path, "data.image")
+    return shared.apply_skeleton(draft, skeleton)
 
 
 def _created_at(annotation: dict) -> datetime | None:
@@ -168,11 +154,11 @@ def _labelstudio_size(result: list, fail) -> tuple[int, int] | None:
     sizes = set()
     for r, region in enumerate(result):
         if isinstance(region, dict) and region.get("type") in ("keypointlabels", "rectanglelabels"):
-            w = finite_number(region.get("original_width"), fail, f"result[{r}].original_width")
-            h = finite_number(region.get("original_height"), fail, f"result[{r}].original_height")
+            w = shared.finite_number(region.get("original_width"), fail, f"result[{r}].original_width")
+            h = shared.finite_number(region.get("original_height"), fail, f"result[{r}].original_height")
             if w <= 0 or h <= 0 or w != int(w) or h != int(h):
                 fail(f"image size must be positive whole pixels, got {w} x {h}", f"result[{r}].original_width")
-            check_image_size(int(w), int(h), fail, f"result[{r}].original_width")
+            shared.check_image_size(int(w), int(h), fail, f"result[{r}].original_width")
             sizes.add((int(w), int(h)))
     if len(sizes) > 1:
         fail(f"regions disagree on the image size: {sorted(sizes)}", "result[].original_width")
@@ -221,13 +207,13 @@ def _labelstudio_image(result: list, file_name: str, draft: Draft, fail) -> Draf
         if not isinstance(value, dict):
             fail("missing or not an object", f"result[{r}].value")
         region_id = _region_id(region, "id", fail, f"result[{r}].id")
-        x = finite_number(value.get("x"), fail, f"result[{r}].value.x") / 100 * width
-        y = finite_number(value.get("y"), fail, f"result[{r}].value.y") / 100 * height
+        x = shared.finite_number(value.get("x"), fail, f"result[{r}].value.x") / 100 * width
+        y = shared.finite_number(value.get("y"), fail, f"result[{r}].value.y") / 100 * height
         if kind == "rectanglelabels":
-            if finite_number(value.get("rotation", 0), fail, f"result[{r}].value.rotation") != 0:
+            if shared.finite_number(value.get("rotation", 0), fail, f"result[{r}].value.rotation") != 0:
                 fail("a rotated rectangle cannot be a COCO box; draw it unrotated", f"result[{r}].value.rotation")
-            w = finite_number(value.get("width"), fail, f"result[{r}].value.width") / 100 * width
-            h = finite_number(value.get("height"), fail, f"result[{r}].value.height") / 100 * height
+            w = shared.finite_number(value.get("width"), fail, f"result[{r}].value.width") / 100 * width
+            h = shared.finite_number(value.get("height"), fail, f"result[{r}].value.height") / 100 * height
             key = f"[{r}]" if region_id is None else region_id
             if key in boxes:
                 fail(f"two rectangles have the id {region_id!r}", f"result[{r}].id")
@@ -236,8 +222,8 @@ def _labelstudio_image(result: list, file_name: str, draft: Draft, fail) -> Draf
         labels = value.get("keypointlabels")
         if not isinstance(labels, list) or len(labels) != 1 or not isinstance(labels[0], str):
             fail(f"must name exactly one keypoint, got {labels!r}", f"result[{r}].value.keypointlabels")
-        if outside_image(x, y, image):
-            fail(f"keypoint {labels[0]!r} {outside_image(x, y, image)}", f"result[{r}].value")
+        if shared.outside_image(x, y, image):
+            fail(f"keypoint {labels[0]!r} {shared.outside_image(x, y, image)}", f"result[{r}].value")
         parent = _region_id(region, "parentID", fail, f"result[{r}].parentID")
         v = 1 if region_id is not None and region_id in occluded else 2
         points.append((r, parent, labels[0], (x, y, v)))
@@ -294,7 +280,7 @@ def to_labelstudio_tasks(records, keypoint_names, *, mark_below: float = DEFAULT
     edge), carry a `meta.text` note instead of being dropped. The image URL is `image_prefix` + the
     file name percent-encoded (`labelstudio_image_url`)."""
     tasks = []
-    for t, (file_name, width, height, recs) in enumerate(images_of(records)):
+    for t, (file_name, width, height, recs) in enumerate(shared.images_of(records)):
         result = []
         for p, rec in enumerate(recs):
             x, y, w, h = (float(v) for v in rec["bbox"])
@@ -305,8 +291,8 @@ def to_labelstudio_tasks(records, keypoint_names, *, mark_below: float = DEFAULT
                            "score": float(rec.get("bbox_score", rec.get("score", 1.0))),
                            "value": {"x": 100 * x / width, "y": 100 * y / height, "width": 100 * w / width,
                                      "height": 100 * h / height, "rotation": 0, "rectanglelabels": [box_label]}})
-            for k, (kx, ky, s) in enumerate(keypoints_of(rec, len(keypoint_names), f"{file_name} person {p}")):
-                kx, ky, moved = onto_image(kx, ky, width, height)
+            for k, (kx, ky, s) in enumerate(shared.keypoints_of(rec, len(keypoint_names), f"{file_name} person {p}")):
+                kx, ky, moved = shared.onto_image(kx, ky, width, height)
                 point = {"id": f"{box_id}k{k}", "type": "keypointlabels", "from_name": keypoint_control, **common,
                          "parentID": box_id, "score": s,
                          "value": {"x": 100 * kx / width, "y": 100 * ky / height, "width": 0.5,
