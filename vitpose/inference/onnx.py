@@ -29,7 +29,7 @@ import numpy as np
 
 from vitpose.codecs.flip import flip_average, flip_heatmaps
 from vitpose.data.pixels import normalize_images
-from vitpose.errors import UserError, missing_extra
+from vitpose.errors import UserError, require_extra
 from vitpose.inference.pipeline import TopDown
 from vitpose.inference.results import StageTimer
 from vitpose.models.spec import METADATA_KEY, ModelSpec, SpecError, check_flip_indices
@@ -105,10 +105,10 @@ def _installed(distribution: str) -> bool:
 
 
 def _import_onnxruntime():
-    try:
-        import onnxruntime
-    except ImportError:
-        raise missing_extra("OnnxPredictor", "onnxruntime", "export") from None
+    """onnxruntime, or the one "install the extra" error (`vitpose.errors.require_extra`)."""
+    require_extra("OnnxPredictor", ["onnxruntime"], "export")
+    import onnxruntime
+
     return onnxruntime
 
 
@@ -378,10 +378,10 @@ def openvino_xml(path) -> Path:
 
 
 def _import_openvino():
-    try:
-        import openvino
-    except ImportError:
-        raise missing_extra("OpenVinoPredictor", "openvino", "openvino") from None
+    """openvino, or the one "install the extra" error (`vitpose.errors.require_extra`)."""
+    require_extra("OpenVinoPredictor", ["openvino"], "openvino")
+    import openvino
+
     return openvino
 
 
