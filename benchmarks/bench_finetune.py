@@ -1,4 +1,4 @@
-"""Fine-tuning from a COCO-trained model against random init, on a skeleton of one's own (issue #19).
+"""Fine-tuning from a COCO-trained model against random init, on a skeleton of one's own.
 
     python train.py --demo                                            # the COCO-17 source model
     python benchmarks/bench_finetune.py --source work_dirs/demo/best.pth

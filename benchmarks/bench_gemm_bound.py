@@ -3,7 +3,7 @@ the rest could gain.
 
     python benchmarks/bench_gemm_bound.py [--model vitpose-s] [--batch 16] [--rounds 7] [--threads 2]
 
-Why: issue #20 asks for >= 1.2x the faster peer at fp32. MMPose runs the same matrix products as
+Why: the aim is >= 1.2x the faster peer at fp32. MMPose runs the same matrix products as
 this project (same torch, same shapes: the linears, the attention core, the patch and deconv
 convolutions), so whatever separates the two must come from the rest of the pass (GELU,
 LayerNorm, softmax outside the fused kernel, copies, adds, BN, ReLU) or from fewer products.

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_memory.py [--quick] [--workers 4] [--ballast-mib 200] [--images 96]
 
-Issue #6: a run died at its first validation because its 32 persistent training workers stayed
+Why: a run died at its first validation because its 32 persistent training workers stayed
 alive while the validation DataLoader started 32 more. Two setups run the same three phases
 (training epoch 0, validation, training epoch 1) with the same worker count, each in a fresh
 Python process so that neither inherits the other's memory:

@@ -1,4 +1,4 @@
-"""Images/s of `vitpose predict` in 1 process, `--nproc-per-node N` and `--engine ray --workers N` (issue 29).
+"""Images/s of `vitpose predict` in 1 process, `--nproc-per-node N` and `--engine ray --workers N`.
 
     python benchmarks/bench_shard.py --images 96 --procs 2 --rounds 3 [--model vitpose-s] [--skip-ray]
 

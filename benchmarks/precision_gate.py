@@ -7,7 +7,7 @@ Both runs see the same crops (the config's validation set: its detection file, o
 the flip test, through `vitpose.engine.evaluate.predict` and the config's COCO evaluator (rescoring,
 OKS-NMS, COCOeval): the path of `evaluate.py`. The only difference is the autocast dtype.
 
-Gate (issue #20): |AP(reduced) - AP(fp32)| <= 0.002. `--bootstrap N` adds the difference's paired
+Gate: |AP(reduced) - AP(fp32)| <= 0.002, the most a precision may change the published AP by. `--bootstrap N` adds the difference's paired
 bootstrap 95% interval over images (the same N resamples of the validation images for both runs,
 `vitpose.evaluation.coco_evaluator.resampled_ap`): it says whether the set has the images to decide
 a 0.002 gate at all. A set whose interval is wider than twice the gate (half-width > 0.002) cannot
@@ -44,7 +44,7 @@ from vitpose.device import PRECISIONS, precision_name, resolve_precision  # noqa
 from vitpose.engine.evaluate import predict  # noqa: E402
 from vitpose.evaluation.coco_evaluator import paired_bootstrap, resampled_ap  # noqa: E402,F401
 
-MAX_AP_DIFFERENCE = 0.002  # issue #20: the most AP a reduced precision may cost (or gain)
+MAX_AP_DIFFERENCE = 0.002  # the most AP a reduced precision may cost (or gain)
 CONFIDENT_SCORE = 0.3  # keypoints scored above this (by fp32) are compared in pixels
 
 

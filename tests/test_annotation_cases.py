@@ -271,7 +271,7 @@ def test_labelstudio_export_with_any_field_replaced_reads_or_says_why(monkeypatc
     each of a set of hostile values imports or raises the one-line error; never another exception.
     The edited exports are handed over as parsed JSON (what json.loads returns for their text):
     writing 4000 files would take most of this test's time."""
-    from vitpose.data import annotation_formats
+    from vitpose.data import labelstudio
 
     text = (DATA / "labelstudio_export.json").read_text()
     skeleton = dataset_info(K5)  # read once
@@ -286,7 +286,7 @@ def test_labelstudio_export_with_any_field_replaced_reads_or_says_why(monkeypatc
                 parent[where[-1]] = copy.deepcopy(value)
             else:
                 edited = value
-            monkeypatch.setattr(annotation_formats, "_load_json", lambda path, edited=edited: edited)
+            monkeypatch.setattr(labelstudio, "_load_json", lambda path, edited=edited: edited)
             try:
                 read_labelstudio("fuzz.json", skeleton)
             except AnnotationFormatError as e:
@@ -322,7 +322,7 @@ def test_cvat_export_with_any_attribute_replaced_reads_or_says_why(monkeypatch, 
     over parsed (attribute values are strings either way), as in the Label Studio test above."""
     from types import SimpleNamespace
 
-    from vitpose.data import annotation_formats
+    from vitpose.data import cvat
 
     original = ET.parse(DATA / export).getroot()
     cases = 0
@@ -337,7 +337,7 @@ def test_cvat_export_with_any_attribute_replaced_reads_or_says_why(monkeypatch, 
                 else:
                     target.text = value
                 parsed = SimpleNamespace(parse=lambda path, root=root: ET.ElementTree(root), ParseError=ET.ParseError)
-                monkeypatch.setattr(annotation_formats, "ET", parsed)
+                monkeypatch.setattr(cvat, "ET", parsed)
                 try:
                     read_cvat("fuzz.xml")
                 except AnnotationFormatError as e:

@@ -330,3 +330,14 @@ def test_plus_names_take_an_expert_coco_by_default(caches, monkeypatch):
     assert coco.skeleton.name == wholebody.skeleton.name == "coco"
     with pytest.raises(Exception, match="unknown ViTPose. expert 'wholebdy'"):
         vitpose.load_model("vitpose-plus-s", expert="wholebdy")
+
+
+def test_a_hub_download_without_huggingface_hub_names_the_package(monkeypatch):
+    from vitpose.errors import MissingExtraError, UserError
+
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # `import huggingface_hub` fails
+    with pytest.raises(MissingExtraError) as err:
+        hub.download_hf("someone/vitpose-b")
+    assert isinstance(err.value, UserError) and isinstance(err.value, ImportError)
+    assert str(err.value) == ("downloading someone/vitpose-b from the Hugging Face Hub needs huggingface_hub, which is "
+                              "not installed: pip install huggingface_hub")

@@ -353,6 +353,35 @@ def test_the_pixel_limit_is_read_from_each_format_and_can_be_raised(tmp_path, mo
         assert files.read_image(path, max_pixels=1500).shape == (30, 50, 3)
 
 
+def test_one_image_reader_and_one_family_of_unreadable_images(tmp_path):
+    """`vitpose.files.read_image` and the data layer's `load_image` / `decode_image` are one reader
+    (one `cv2.imdecode` of a file's bytes in the package) and refuse a bad file alike: every error is
+    an ImageReadError and a UserError naming the file; the data layer's is a DataError too."""
+    from vitpose.data.image_io import decode_image
+
+    calls = [str(p.relative_to(REPO)) for p in (REPO / "vitpose").rglob("*.py") if "cv2.imdecode(" in p.read_text()]
+    assert calls == ["vitpose/files/images.py"]
+    image = np.random.default_rng(0).integers(0, 256, (30, 40, 3), dtype=np.uint8)
+    good = files.write_image(tmp_path / "good.jpg", image)
+    cut = tmp_path / "cut.jpg"
+    cut.write_bytes(good.read_bytes()[:200])  # a truncated download: OpenCV alone would decode it grey
+    (tmp_path / "empty.png").write_bytes(b"")
+    (tmp_path / "text.png").write_bytes(b"not an image at all")
+    huge_png(tmp_path / "huge.png")
+    np.testing.assert_array_equal(files.read_image(good), load_image(good)[0])
+    for name, why in (("missing.jpg", "not found"), ("empty.png", "is empty"), ("cut.jpg", "truncated"),
+                      ("text.png", "could not be decoded"), ("huge.png", "over the limit")):
+        path = tmp_path / name
+        for read in (files.read_image, lambda p: load_image(p)[0],
+                     lambda p: decode_image(files.read_bytes(p), p) if p.exists() else load_image(p)[0]):
+            with pytest.raises(files.ImageReadError) as e:
+                read(path)
+            assert isinstance(e.value, UserError) and why in str(e.value) and name in str(e.value), (name, str(e.value))
+            assert isinstance(e.value, files.ImageTooLargeError) == (name == "huge.png")
+        with pytest.raises(DataError):
+            load_image(path)
+
+
 def test_predict_skips_and_counts_an_image_over_the_limit(tmp_path, coco_mini_dir, capsys):
     from vitpose.cli import main
 

@@ -5,6 +5,7 @@ import errno
 import io
 import json
 import re
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -462,3 +463,14 @@ def test_tensorboard_events(tmp_path):
     assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == [(4, 1.0)]
     assert [(e.step, e.value) for e in acc.Scalars("gpu/temp_c")] == [(4, 70.0)]
     assert [(e.step, e.value) for e in acc.Scalars("val/AP")] == [(4, 0.5)]
+
+
+def test_missing_tensorboard_is_one_note_naming_the_extra(tmp_path, monkeypatch):
+    """Without tensorboard the run goes on; the note says it as every missing extra is said."""
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # `from torch.utils.tensorboard import ...` fails
+    stream = io.StringIO()
+    t, out = make(tmp_path, stream=stream, tensorboard=True)
+    t.close(), out.close()
+    text = (tmp_path / "train.log").read_text()
+    assert 'train.tensorboard needs tensorboard, which is not installed: pip install "vitpose[tb]"' in text
+    assert "metrics.jsonl and train.log are still written" in text

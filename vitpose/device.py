@@ -98,7 +98,7 @@ def cpu_has_native_bf16() -> bool:
 #
 # Native bf16 instructions are not the same as a faster model. On AMX (Sapphire Rapids) ViTPose-S
 # runs 2.1-2.6x faster in bf16; on an AMD EPYC with AVX512-BF16 and no AMX a 2048x2048 bf16 matmul
-# runs 3.7x faster than fp32 while whole-model timings ranged 0.74-1.2x (issue 31): the model's
+# runs 3.7x faster than fp32 while whole-model timings ranged 0.74-1.2x (BENCHMARKS.md): the model's
 # layer norms, softmax, GELU and the casts autocast inserts around every matmul eat what the matmuls
 # gain. So `auto` takes bf16 on a CPU only where a measurement of the model's own forward says it is
 # faster. Why a measurement and not a table of CPUs: the figure depends on the CPU, the torch

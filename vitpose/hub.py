@@ -32,7 +32,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from vitpose.errors import UserError
+from vitpose.errors import UserError, missing_extra
 from vitpose.files import atomic_file
 
 __all__ = ["DownloadError", "ModelInfo", "UnknownModelError", "WeightsNotFoundError", "download", "download_hf",
@@ -302,7 +302,7 @@ def download_hf(repo_id: str, revision: str | None = None, filename: str = HF_FI
         from huggingface_hub import constants, hf_hub_download
         from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RemoteEntryNotFoundError
     except ImportError:
-        raise DownloadError(f"{name or repo_id} is hosted on the Hugging Face Hub: `pip install huggingface_hub`") from None
+        raise missing_extra(f"downloading {name or repo_id} from the Hugging Face Hub", "huggingface_hub") from None
     at = f"@{revision}" if revision else ""
     url = f"{constants.ENDPOINT}/{repo_id}/resolve/{revision or 'main'}/{filename}"
     timeout, _ = download_settings()  # huggingface_hub retries by itself (5 times, backing off up to 8 s)

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import DataError
-from .metainfo import DatasetInfo, twin_name
+from .keypoint_sides import twin_name
+from .metainfo import DatasetInfo
 
 OK, WARN, ERROR = "ok", "warn", "ERROR"
 SAMPLE_IMAGES = 64  # images decoded by a sampled image check

@@ -1,6 +1,7 @@
 """The one error type of the data layer: bad files and bad records, named precisely."""
 
 from vitpose.errors import UserError
+from vitpose.files import ImageReadError, ImageTooLargeError
 
 
 class DataError(UserError, ValueError):
@@ -24,3 +25,12 @@ class DataError(UserError, ValueError):
         self.file = None if file is None else str(file)
         self.record = record
         self.field = field
+
+
+class ImageDataError(DataError, ImageReadError):
+    """An image file that cannot be read, named as the data layer names things (the file, the record,
+    the field): a DataError and an ImageReadError (`vitpose.files`' one family of unreadable images)."""
+
+
+class ImageDataTooLargeError(ImageDataError, ImageTooLargeError):
+    """An image over the pixel limit, not decoded (`vitpose.files.check_pixel_limit`)."""

@@ -8,7 +8,7 @@ Policy (what MMPose's `LoadImage` does, made explicit):
   keypoints are in that frame; a mismatch (wrong record, EXIF-rotated file) raises.
 - A JPEG must start with SOI (FF D8) and end with EOI (FF D9), allowing trailing padding.
   OpenCV decodes a truncated JPEG "successfully" as a partly grey image with only a stderr
-  warning, so the markers are checked here; the same goes for PNG's IEND chunk.
+  warning, so the markers are checked before decoding; the same goes for PNG's IEND chunk.
 
 Reduced decoding (`reduce` = 2, 4 or 8) uses libjpeg's DCT scaling through
 `cv2.IMREAD_REDUCED_COLOR_{2,4,8}`: each reduced pixel i averages full-resolution pixels
@@ -18,60 +18,53 @@ Reduced decoding (`reduce` = 2, 4 or 8) uses libjpeg's DCT scaling through
 
 Files are read through `vitpose.files` (numpy buffers: any file name the OS allows), and an image
 whose header says it is over the pixel limit (`vitpose.files.DEFAULT_MAX_PIXELS`, or
-$VITPOSE_MAX_PIXELS) is refused with a DataError before it is decoded.
+$VITPOSE_MAX_PIXELS) is refused before it is decoded. Reading and decoding are `vitpose.files`'
+one image reader (`read_image_file`, `decode_bytes`); this module names the record and the field
+as the data layer does: its errors are `ImageDataError`s (a DataError and an ImageReadError).
 """
 
-import cv2
+import contextlib
+
 import numpy as np
 
-from vitpose.files import ImageTooLargeError, check_pixel_limit
-from vitpose.files import read_bytes as read_file_bytes
+from vitpose.files import ImageReadError, ImageTooLargeError
+from vitpose.files import images as one_reader
 
-from .errors import DataError
+from .errors import ImageDataError, ImageDataTooLargeError
 
-_REDUCED_FLAGS = {
-    1: cv2.IMREAD_COLOR,
-    2: cv2.IMREAD_REDUCED_COLOR_2,
-    4: cv2.IMREAD_REDUCED_COLOR_4,
-    8: cv2.IMREAD_REDUCED_COLOR_8,
-}
-_JPEG_SOI = b"\xff\xd8"
-_JPEG_EOI = b"\xff\xd9"
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-_PNG_IEND = b"IEND\xaeB`\x82"
-# Bytes some writers leave after the end marker; anything else there means a damaged file.
-_TRAILING_PADDING = b"\x00\r\n\t "
+is_jpeg = one_reader.is_jpeg
+
+
+@contextlib.contextmanager
+def _named(path, record):
+    """The one reader's ImageReadError as the data layer names it: the file, the record, the field."""
+    try:
+        yield
+    except ImageTooLargeError as e:
+        raise ImageDataTooLargeError(str(e), record=record) from None  # the message names the file
+    except ImageReadError as e:
+        raise ImageDataError(e.reason, file=path, record=record, field="file_name") from None
 
 
 def read_bytes(path, record=None) -> np.ndarray:
     """The file's bytes as a uint8 array (what cv2.imdecode takes); any file name the OS allows."""
-    try:
-        buf = read_file_bytes(path)
-    except FileNotFoundError:
-        raise DataError("image file not found", file=path, record=record, field="file_name") from None
-    except OSError as e:
-        raise DataError(f"image file unreadable: {e}", file=path, record=record, field="file_name") from None
-    if buf.size == 0:
-        raise DataError("image file is empty", file=path, record=record, field="file_name")
-    return buf
-
-
-def is_jpeg(buf: np.ndarray) -> bool:
-    return buf.size >= 2 and bytes(buf[:2]) == _JPEG_SOI
+    with _named(path, record):
+        return one_reader.read_encoded(path)
 
 
 def check_complete(buf: np.ndarray, path, record=None) -> None:
-    """Raise DataError when a JPEG or PNG byte stream is cut short (truncated download)."""
-    head = bytes(buf[:8])
-    tail = bytes(buf[-4096:]).rstrip(_TRAILING_PADDING)
-    if head[:2] == _JPEG_SOI:
-        if not tail.endswith(_JPEG_EOI):
-            raise DataError("JPEG is truncated or corrupt: no end-of-image marker (FF D9)",
-                            file=path, record=record, field="file_name")
-    elif head == _PNG_SIGNATURE:
-        if not tail.endswith(_PNG_IEND):
-            raise DataError("PNG is truncated or corrupt: no IEND chunk at the end",
-                            file=path, record=record, field="file_name")
+    """Raise ImageDataError when a JPEG or PNG byte stream is cut short (truncated download)."""
+    with _named(path, record):
+        one_reader.check_complete(buf, path)
+
+
+def _check_size(img: np.ndarray, reduce: int, expected_size, path, record) -> None:
+    w, h = int(expected_size[0]), int(expected_size[1])
+    want = (-(-h // reduce), -(-w // reduce))  # libjpeg rounds reduced sizes up
+    if img.shape[:2] != want:
+        got = (img.shape[1] * reduce, img.shape[0] * reduce) if reduce > 1 else img.shape[1::-1]
+        raise ImageDataError(f"decoded image is {got[0]}x{got[1]} but its record says {w}x{h}",
+                             file=path, record=record, field="width/height")
 
 
 def decode_image(buf: np.ndarray, path="<bytes>", record=None, reduce: int = 1,
@@ -83,35 +76,20 @@ def decode_image(buf: np.ndarray, path="<bytes>", record=None, reduce: int = 1,
     max_pixels: the pixel limit checked on the header before decoding (`vitpose.files`; None:
     $VITPOSE_MAX_PIXELS or `files.DEFAULT_MAX_PIXELS`).
     """
-    check_complete(buf, path, record)
-    try:
-        check_pixel_limit(buf, path, max_pixels)
-    except ImageTooLargeError as e:
-        raise DataError(str(e), record=record) from None  # the message names the file
-    if reduce not in _REDUCED_FLAGS:
-        raise ValueError(f"reduce must be one of {sorted(_REDUCED_FLAGS)}, got {reduce}")
-    if reduce > 1 and not is_jpeg(buf):
-        reduce = 1
-    img = cv2.imdecode(buf, _REDUCED_FLAGS[reduce])
-    if img is None:
-        raise DataError("image could not be decoded (corrupt or unsupported format)",
-                        file=path, record=record, field="file_name")
+    with _named(path, record):
+        img, reduce = one_reader.decode_bytes(buf, path, reduce, max_pixels)
     if expected_size is not None:
-        w, h = int(expected_size[0]), int(expected_size[1])
-        want = (-(-h // reduce), -(-w // reduce))  # libjpeg rounds reduced sizes up
-        if img.shape[:2] != want:
-            got = (img.shape[1] * reduce, img.shape[0] * reduce) if reduce > 1 else img.shape[1::-1]
-            raise DataError(f"decoded image is {got[0]}x{got[1]} but its record says {w}x{h}",
-                            file=path, record=record, field="width/height")
+        _check_size(img, reduce, expected_size, path, record)
     return img
 
 
 def load_image(path, record=None, reduce: int = 1, expected_size=None, max_pixels: int | None = None):
     """Read and decode one image file; returns (image BGR uint8, the reduction actually used)."""
-    buf = read_bytes(path, record)
-    if reduce > 1 and not is_jpeg(buf):
-        reduce = 1
-    return decode_image(buf, path, record, reduce, expected_size, max_pixels), reduce
+    with _named(path, record):
+        img, reduce = one_reader.read_image_file(path, reduce, max_pixels)
+    if expected_size is not None:
+        _check_size(img, reduce, expected_size, path, record)
+    return img, reduce
 
 
 # EXIF orientations that rotate by 90 degrees: OpenCV applies them on decoding, so the decoded
@@ -134,9 +112,9 @@ def read_image_size(path, record=None) -> tuple[int, int]:
             width, height = img.size
             orientation = img.getexif().get(_EXIF_ORIENTATION, 1)
     except FileNotFoundError:
-        raise DataError("image file not found", file=path, record=record, field="image") from None
+        raise ImageDataError("image file not found", file=path, record=record, field="image") from None
     except (UnidentifiedImageError, OSError) as e:
-        raise DataError(f"image header unreadable: {e}", file=path, record=record, field="image") from None
+        raise ImageDataError(f"image header unreadable: {e}", file=path, record=record, field="image") from None
     if orientation in _TRANSPOSING_ORIENTATIONS:
         width, height = height, width
     return int(width), int(height)

@@ -45,10 +45,10 @@ name, or `full-frame` (the whole image is one instance). Without the key: the cl
 built-in with the same keypoint names (person for COCO's, COCO's animals for AP-10K's), else
 full-frame: a person detector would crop people for a hand or a face skeleton.
 
-Flip pairs from names: a keypoint whose name has a side token (left/right, Left/Right, LEFT/RIGHT,
-l/r, L/R, as a word of the name: `left_eye`, `eye_l`, `l_eye`, `LeftHand`, `hand-right`) pairs with
-the keypoint named with the other side; a side-named keypoint with no such twin is an error that
-names it (give `flip_pairs` explicitly then). Keypoints without a side token map to themselves.
+Flip pairs from names (`vitpose.data.keypoint_sides`): a keypoint whose name has a side token
+(left/right, l/r as a word of the name: `left_eye`, `eye_l`, `LeftHand`) pairs with the keypoint
+named with the other side; a side-named keypoint with no such twin is an error that names it (give
+`flip_pairs` explicitly then). Keypoints without a side token map to themselves.
 
 Default sigmas: DEFAULT_SIGMA = the mean of COCO's 17 sigmas (1.138 / 17 = 0.0669), the OKS
 tolerance of a typical COCO joint (between an elbow's 0.072 and a wrist's 0.062). Set your own
@@ -62,7 +62,6 @@ import difflib
 import functools
 import json
 import mmap
-import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -72,6 +71,16 @@ import yaml
 from ..coco_meta import DETECTION_CLASSES
 from ..coco_meta import SIGMAS as COCO_SIGMAS
 from .errors import DataError
+from .keypoint_sides import (  # noqa: F401 - left and right from the names, importable from here too
+    CENTER_COLOR,
+    LEFT_COLOR,
+    RIGHT_COLOR,
+    infer_flip_indices,
+    link_color,
+    side_color,
+    side_of,
+    twin_name,
+)
 
 __all__ = ["ANNOTATION_FORMATS", "BUILTIN_NAMES", "DEFAULT_SIGMA", "FULL_FRAME", "METRICS", "PCK_NORMALIZERS",
            "DatasetInfo", "dataset_info", "infer_flip_indices"]
@@ -90,9 +99,6 @@ PCK_NORMALIZERS = ("bbox",)
 DEFAULT_PCK_THRESHOLD = 0.2  # MMPose's hand configs (OneHand10K, RHD2D, ...): PCKAccuracy(thr=0.2)
 FULL_FRAME = "full-frame"  # detector_classes of a skeleton whose instance is the whole image
 DEFAULT_SIGMA = sum(COCO_SIGMAS) / len(COCO_SIGMAS)
-
-# MMPose's colour convention (RGB): left green, right orange, the rest blue.
-LEFT_COLOR, RIGHT_COLOR, CENTER_COLOR = (0, 255, 0), (255, 128, 0), (51, 153, 255)
 
 YAML_KEYS = ("name", "annotation_format", "keypoints", "flip_pairs", "upper_body", "lower_body",
              "sigmas", "joint_weights", "skeleton", "keypoint_colors", "link_colors", "metric",
@@ -275,65 +281,6 @@ class DatasetInfo:
             "detector_classes": list(self.detector_classes) or FULL_FRAME,
         }
         return yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=100)
-
-
-# ---------------------------------------------------------------------------- left and right
-
-_SIDE_SWAP = {"left": "right", "right": "left", "Left": "Right", "Right": "Left", "LEFT": "RIGHT",
-              "RIGHT": "LEFT", "l": "r", "r": "l", "L": "R", "R": "L"}
-# A side token is a word of the name: bounded by the name's ends, separators (_ - . space),
-# digits, or a camel-case change ("LeftHand", "handLeft"). A lower-case token must not touch
-# a letter before it or a lower-case letter after it; a capitalised one may follow a lower-case
-# letter (camel case) but not an upper-case one, and must not run on into lower-case letters.
-_SIDE_TOKEN = re.compile(
-    r"(?<![A-Za-z])(left|right|l|r)(?![a-z])"
-    r"|(?<![A-Z])(Left|Right|LEFT|RIGHT|L|R)(?![a-z])"
-)
-
-
-def side_of(name: str) -> str | None:
-    """"left", "right" or None: the side a keypoint name's first side token names."""
-    m = _SIDE_TOKEN.search(name)
-    if not m:
-        return None
-    token = (m.group(1) or m.group(2)).lower()
-    return "left" if token in ("left", "l") else "right"
-
-
-def twin_name(name: str) -> str | None:
-    """The name with every side token swapped (left_eye -> right_eye), or None without one."""
-    if not _SIDE_TOKEN.search(name):
-        return None
-    return _SIDE_TOKEN.sub(lambda m: _SIDE_SWAP[m.group(0)], name)
-
-
-def side_color(name: str) -> tuple[int, int, int]:
-    return {"left": LEFT_COLOR, "right": RIGHT_COLOR}.get(side_of(name), CENTER_COLOR)
-
-
-def link_color(names, a: int, b: int) -> tuple[int, int, int]:
-    sa, sb = side_of(names[a]), side_of(names[b])
-    return side_color(names[a]) if sa == sb else CENTER_COLOR
-
-
-def infer_flip_indices(names, source: str = "<names>", how_to_fix: str = "") -> tuple[int, ...]:
-    """flip_indices from left/right twins in the names (see the module docstring).
-
-    Raises DataError naming the first side-named keypoint with no twin.
-    """
-    position = {n: i for i, n in enumerate(names)}
-    flip = []
-    for i, name in enumerate(names):
-        twin = twin_name(name)
-        if twin is None:
-            flip.append(i)
-        elif twin in position:
-            flip.append(position[twin])
-        else:
-            raise DataError(
-                f"keypoint {name!r} (index {i}) names a side but there is no keypoint {twin!r} to mirror it "
-                f"to; give the flip pairs explicitly{how_to_fix}", file=source, field="flip_pairs")
-    return tuple(flip)
 
 
 def _detector_classes_of_keypoints(names: tuple[str, ...]) -> tuple[str, ...]:

@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 
 from vitpose.engine.runtime import RunOutput, current_output
+from vitpose.errors import missing_extra
 
 LOADER_BOUND_SHARE = 0.20  # data wait above this share of the step: the loader is the bottleneck
 WARNING_COOLDOWN_S = 600.0  # the same warning at most once per 10 minutes
@@ -154,9 +155,8 @@ class Telemetry:
 
                 self._tb = SummaryWriter(str(self.work_dir / "tb"))
             except ImportError:
-                self.message("TensorBoard is not installed (pip install tensorboard); "
-                             "metrics.jsonl and train.log are still written. "
-                             "Set train.tensorboard: false to silence this.")
+                self.message(f"{missing_extra('train.tensorboard', 'tensorboard', 'tb')}; metrics.jsonl and "
+                             "train.log are still written. Set train.tensorboard: false to silence this.")
 
     # ----------------------------------------------------------------- public API
 

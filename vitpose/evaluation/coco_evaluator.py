@@ -20,19 +20,18 @@ a detection whose keypoint scores are all <= 0 is kept in the results but not ev
 sigmas are float32; the ground truth is read as xtcocotools reads it (a missing `iscrowd` is 0, a
 GT is ignored when none of its keypoints is labelled, whatever `num_keypoints` says); keypoint
 scores meet the 0.2 threshold in float64; NMS adds two float32 areas in float32.
+
+The prediction schema lives in `vitpose.evaluation.predictions` and pycocotools' COCOeval with its
+bootstrap in `vitpose.evaluation.pycocotools_eval`; their names are importable from here too.
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import io
 import json
 import logging
 import warnings
 from collections import Counter
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +40,25 @@ from vitpose.coco_meta import SIGMAS
 from vitpose.codecs.decode import instance_scores  # the rescoring rule, shared with inference (kept importable here)
 from vitpose.errors import UserError
 from vitpose.evaluation.nms import oks_nms, soft_oks_nms
+from vitpose.evaluation.predictions import (  # noqa: F401 - the schema's names, importable from here too
+    DEFAULT_CATEGORY_ID,
+    PredictionArrays,
+    PredictionError,
+    check_predictions,
+    load_predictions,
+    nonfinite_rows,
+    prediction_where,
+    save_predictions,
+)
+from vitpose.evaluation.pycocotools_eval import (  # noqa: F401 - importable from here too
+    coco_index_of,
+    evaluated_by_cocoeval,
+    paired_bootstrap,
+    quiet_pycocotools,
+    resampled_ap,
+    run_cocoeval,
+    score_with_cocoeval,
+)
 from vitpose.files import write_atomic
 
 log = logging.getLogger(__name__)
@@ -50,174 +68,12 @@ SCORE_MODES = ("bbox_keypoint", "bbox")
 NMS_MODES = ("oks_nms", "soft_oks_nms", "none")
 # The fields of a ground-truth annotation that COCOeval reads for keypoints (`area` only with use_area).
 ANNOTATION_FIELDS = ("id", "image_id", "category_id", "keypoints", "area", "bbox")
-DEFAULT_CATEGORY_ID = 1  # a prediction without `category_id` (COCO's "person")
 # xtcocotools' COCOeval with use_area=False: a GT's area is this share of its box (w x h).
 BOX_AREA_SHARE = 0.53
 
 
-class PredictionError(UserError, ValueError):
-    """A prediction that does not fit the schema (names its position, id and the field)."""
-
-
 class GroundTruthError(UserError, ValueError):
     """An annotation file COCO keypoint evaluation cannot use (names the file, the record, the field)."""
-
-
-@contextlib.contextmanager
-def _quiet(what: str):
-    """pycocotools prints progress to stdout; send it to the debug log instead."""
-    buffer = io.StringIO()
-    with contextlib.redirect_stdout(buffer):
-        yield
-    text = buffer.getvalue().strip()
-    if text:
-        log.debug("%s:\n%s", what, text)
-
-
-def _where(pred, index: int) -> str:
-    return f"prediction #{index} (id {pred.get('id')!r}, image_id {pred.get('image_id')!r})"
-
-
-def _as_array(pred: dict, index: int, key: str, shape: tuple) -> np.ndarray:
-    if key not in pred:
-        raise PredictionError(f"{_where(pred, index)}: missing field {key!r}")
-    try:
-        value = np.asarray(pred[key])
-    except (ValueError, TypeError) as e:  # ragged lists and the like
-        raise PredictionError(f"{_where(pred, index)}: field {key!r} is not an array of numbers ({e})") from None
-    if value.dtype.kind not in "fiu":
-        raise PredictionError(f"{_where(pred, index)}: field {key!r} must hold numbers, got dtype {value.dtype}")
-    if value.shape != shape:
-        raise PredictionError(f"{_where(pred, index)}: field {key!r} has shape {value.shape}, expected {shape}")
-    return value
-
-
-def _as_int(pred: dict, index: int, key: str) -> int:
-    value = pred.get(key)
-    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
-        return int(value)
-    if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "iu":
-        return int(value)
-    raise PredictionError(f"prediction #{index}: field {key!r} must be an integer, got {value!r}")
-
-
-@dataclass
-class PredictionArrays:
-    """Predictions as columns (N = number of predictions)."""
-
-    ids: np.ndarray  # (N,) int64
-    image_ids: np.ndarray  # (N,) int64
-    category_ids: np.ndarray  # (N,) int64 (1 where a prediction has none)
-    category_given: np.ndarray  # (N,) bool: the prediction carries its own category_id
-    keypoints: np.ndarray  # (N, K, 2) float64, may hold NaN (an all-zero heatmap decodes to NaN)
-    keypoint_scores: np.ndarray  # (N, K) float32 or float64, as given (the results keep the values)
-    bbox_scores: np.ndarray  # (N,) float64
-    # (N,) float32: MMPose's top-down area is the product of the float32 box size, and its NMS adds
-    # two of them in float32 (docs/mmpose-edge-cases.md §5).
-    areas: np.ndarray
-    bboxes: np.ndarray | None  # (N, 4) float64 (x, y, w, h), or None when no prediction has one
-
-
-def _check_keypoint_count(pred: dict, index: int, num_keypoints: int, origin: str) -> None:
-    """A clear error when a prediction has another number of keypoints than the evaluator's sigmas."""
-    value = pred.get("keypoints")
-    shape = np.shape(value) if isinstance(value, (list, tuple, np.ndarray)) or hasattr(value, "shape") else None
-    if shape is not None and len(shape) == 2 and shape[1] == 2 and shape[0] != num_keypoints:
-        raise PredictionError(
-            f"{_where(pred, index)}: field 'keypoints' has shape {tuple(shape)}: {shape[0]} keypoints, but {origin} has "
-            f"{num_keypoints} OKS sigmas; the model's num_keypoints and the evaluator's dataset "
-            f"(data.dataset_info) must agree")
-
-
-def check_predictions(predictions: Sequence[dict], num_keypoints: int,
-                      origin: str = "the evaluator") -> PredictionArrays:
-    """Validate predictions and stack them into columns; raise PredictionError on the first bad one.
-
-    Args:
-        predictions: prediction dicts (module docstring).
-        num_keypoints: K, the number of OKS sigmas.
-        origin: how error messages name the evaluator (e.g. its annotation file).
-    """
-    n = len(predictions)
-    ids = np.empty(n, np.int64)
-    image_ids = np.empty(n, np.int64)
-    category_ids = np.full(n, DEFAULT_CATEGORY_ID, np.int64)
-    category_given = np.zeros(n, bool)
-    bbox_scores = np.empty(n, np.float64)
-    areas = np.empty(n, np.float32)
-    keypoints, scores, bboxes = [], [], []
-    with_bbox = None
-    for i, pred in enumerate(predictions):
-        if not isinstance(pred, dict):
-            raise PredictionError(f"prediction #{i}: expected a dict, got {type(pred).__name__}")
-        ids[i] = _as_int(pred, i, "id")
-        image_ids[i] = _as_int(pred, i, "image_id")
-        if pred.get("category_id") is not None:
-            category_ids[i] = _as_int(pred, i, "category_id")
-            category_given[i] = True
-        _check_keypoint_count(pred, i, num_keypoints, origin)
-        keypoints.append(_as_array(pred, i, "keypoints", (num_keypoints, 2)))
-        scores.append(_as_array(pred, i, "keypoint_scores", (num_keypoints,)))
-        bbox_scores[i] = _as_array(pred, i, "bbox_score", ())
-        areas[i] = _as_array(pred, i, "area", ())
-        has_bbox = pred.get("bbox") is not None
-        if with_bbox is None:
-            with_bbox = has_bbox
-        elif has_bbox != with_bbox:
-            # COCOeval reads detection areas from boxes for all results or for none.
-            raise PredictionError(
-                f"{_where(pred, i)}: 'bbox' is {'given' if has_bbox else 'missing'} but it is "
-                f"{'missing' if has_bbox else 'given'} on the first prediction; give it on all or none")
-        if has_bbox:
-            bboxes.append(_as_array(pred, i, "bbox", (4,)))
-    columns = PredictionArrays(
-        ids, image_ids, category_ids, category_given,
-        np.stack(keypoints).astype(np.float64) if n else np.zeros((0, num_keypoints, 2)),
-        np.stack(scores) if n else np.zeros((0, num_keypoints)),
-        bbox_scores, areas,
-        np.stack(bboxes).astype(np.float64) if with_bbox else None)
-    if columns.keypoint_scores.dtype.kind != "f":
-        columns.keypoint_scores = columns.keypoint_scores.astype(np.float64)
-    # Box scores, areas and boxes must be finite. Keypoints and their scores may not be: a diverged
-    # or broken model decodes NaN, and such a prediction is scored as a miss (see `nonfinite_rows`).
-    for key, values in (("bbox_score", bbox_scores),
-                        ("area", areas), ("bbox", columns.bboxes)):
-        if values is None or n == 0:
-            continue
-        bad = ~np.isfinite(values.reshape(n, -1)).all(axis=1)
-        if bad.any():
-            i = int(np.argmax(bad))
-            raise PredictionError(f"{_where(predictions[i], i)}: field {key!r} is not finite: "
-                                  f"{np.asarray(predictions[i][key]).tolist()}")
-    return columns
-
-
-def nonfinite_rows(columns: PredictionArrays) -> np.ndarray:
-    """(N,) bool: predictions with a non-finite keypoint coordinate or keypoint score."""
-    n = len(columns.ids)
-    if n == 0:
-        return np.zeros(0, bool)
-    return ~(np.isfinite(columns.keypoints.reshape(n, -1)).all(axis=1)
-             & np.isfinite(np.asarray(columns.keypoint_scores, np.float64).reshape(n, -1)).all(axis=1))
-
-
-def _finite_oks_cocoeval():
-    """pycocotools' COCOeval whose OKS is 0 wherever it is not finite.
-
-    pycocotools matches a detection to a ground truth unless `oks < threshold`; a NaN OKS (from a
-    NaN keypoint) is never below anything, so without this a broken model whose keypoints are all
-    NaN matches every person and scores a high AP (0.39 on the synthetic set instead of 0).
-    """
-    from pycocotools.cocoeval import COCOeval
-
-    class FiniteOksCOCOeval(COCOeval):
-        def computeOks(self, imgId, catId):
-            ious = super().computeOks(imgId, catId)
-            if isinstance(ious, np.ndarray):
-                ious = np.where(np.isfinite(ious), ious, 0.0)
-            return ious
-
-    return FiniteOksCOCOeval
 
 
 def _fail(path: Path, message: str):
@@ -324,22 +180,6 @@ def read_ground_truth(ann_file, num_keypoints: int, use_area: bool = True,
     return dataset
 
 
-def _coco_index(dataset: dict):
-    """A pycocotools COCO over an already loaded annotation dict."""
-    from pycocotools.coco import COCO
-
-    coco = COCO()
-    coco.dataset = dataset
-    coco.createIndex()
-    return coco
-
-
-def evaluated_by_cocoeval(result: dict) -> bool:
-    """Whether xtcocotools' COCOeval scores a result at all: it leaves out, before matching, every
-    detection none of whose keypoint scores is above 0 (it stays in the results file;
-    docs/mmpose-edge-cases.md §3)."""
-    return any(score > 0 for score in result["keypoints"][2::3])
-
 
 class CocoEvaluator:
     """MMPose's CocoMetric (ViTPose settings) on top of pycocotools' COCOeval.
@@ -381,7 +221,7 @@ class CocoEvaluator:
         self.num_keypoints = len(self.sigmas)
         self.use_area = bool(use_area)
 
-        with _quiet(f"indexing {self.ann_file}"):
+        with quiet_pycocotools(f"indexing {self.ann_file}"):
             self.coco = self._index_ground_truth()
         self.image_ids = set(self.coco.getImgIds())
         self.category_ids = set(self.coco.getCatIds())
@@ -393,7 +233,7 @@ class CocoEvaluator:
 
     def _index_ground_truth(self):
         """The pycocotools COCO index of the checked annotation file."""
-        return _coco_index(read_ground_truth(self.ann_file, self.num_keypoints, use_area=self.use_area))
+        return coco_index_of(read_ground_truth(self.ann_file, self.num_keypoints, use_area=self.use_area))
 
     # -- protocol ---------------------------------------------------------------------------------
 
@@ -451,7 +291,7 @@ class CocoEvaluator:
         if len(self.annotated_categories) > 1 and not columns.category_given.all():
             i = int(np.argmin(columns.category_given))
             raise PredictionError(
-                f"{_where(predictions[i], i)}: no 'category_id', but the annotations of {self.ann_file} have "
+                f"{prediction_where(predictions[i], i)}: no 'category_id', but the annotations of {self.ann_file} have "
                 f"{len(self.annotated_categories)} categories ({self.annotated_categories[:10]}); each "
                 f"prediction must carry the category of its instance")
         unknown = sorted(set(columns.category_ids.tolist()) - self.category_ids)
@@ -497,118 +337,3 @@ class CocoEvaluator:
     def write_results(self, predictions: Sequence[dict], path) -> Path:
         """Write the COCO keypoint results JSON (after the protocol) that `evaluate` scores."""
         return write_atomic(path, json.dumps(self.results(predictions)))
-
-
-def score_with_cocoeval(coco, results: list[dict], sigmas: np.ndarray) -> list[float]:
-    """pycocotools' COCOeval (keypoints) as xtcocotools runs it for MMPose -> the ten stats.
-
-    Args:
-        coco: the pycocotools index of the ground truth (as `read_ground_truth` reads it).
-        results: COCO keypoint results (`keypoints` of len(sigmas) x 3 values); not modified.
-        sigmas: the OKS sigmas, float32 as MMPose hands them to xtcocotools ((2 sigma)^2 is then
-            float32 too).
-    """
-    return [float(value) for value in run_cocoeval(coco, results, sigmas).stats]
-
-
-def run_cocoeval(coco, results: list[dict], sigmas: np.ndarray):
-    """`score_with_cocoeval`'s COCOeval itself, evaluated, accumulated and summarized (its `stats`,
-    and its per-image `evalImgs` for `resampled_ap`)."""
-    # xtcocotools leaves these out before it matches anything; so they take no maxDets slot.
-    evaluated = [r for r in results if evaluated_by_cocoeval(r)]
-    with _quiet("COCOeval"):
-        # loadRes fills in area/bbox/id in place; keep the caller's list untouched.
-        detections = coco.loadRes(copy.deepcopy(evaluated)) if evaluated else _no_detections(coco)
-        coco_eval = _finite_oks_cocoeval()(coco, detections, iouType="keypoints")
-        coco_eval.params.kpt_oks_sigmas = np.asarray(sigmas, np.float32).copy()
-        coco_eval.params.useSegm = None
-        coco_eval.evaluate()
-        coco_eval.accumulate()
-        coco_eval.summarize()
-    return coco_eval
-
-
-def resampled_ap(coco_eval, draws: Sequence[int]) -> float:
-    """COCO keypoint AP (stats[0]) of a multiset of the evaluated images: a bootstrap resample.
-
-    `coco_eval` is `run_cocoeval`'s result; `draws` are positions in its `params.imgIds`, repeats
-    allowed. COCOeval matches detections to ground truth image by image (`evalImgs`) and only
-    `accumulate` pools the images, so a resample re-pools the per-image matches it already has:
-    the same AP as COCOeval on a dataset holding those images in that order (each repeat a new
-    image), which tests/test_coco_evaluator_bootstrap.py checks against pycocotools. The caller's
-    object is left as it is.
-    """
-    image_count = len(coco_eval._paramsEval.imgIds)
-    draws = [int(d) for d in draws]
-    if not draws or min(draws) < 0 or max(draws) >= image_count:
-        raise ValueError(f"draws must be positions among the {image_count} evaluated images, got {len(draws)} "
-                         f"from {min(draws, default=None)} to {max(draws, default=None)}")
-    resample = copy.copy(coco_eval)
-    resample.params = copy.deepcopy(coco_eval.params)
-    resample._paramsEval = copy.deepcopy(coco_eval._paramsEval)
-    # evalImgs is laid out category by area range by image (pycocotools' evaluate): keep the first
-    # two and put the drawn images in the third, renumbered so that repeats are distinct images.
-    blocks = len(coco_eval.evalImgs) // image_count
-    resample.evalImgs = [coco_eval.evalImgs[block * image_count + d] for block in range(blocks) for d in draws]
-    resample.params.imgIds = resample._paramsEval.imgIds = list(range(len(draws)))
-    with _quiet("COCOeval"):
-        resample.accumulate()
-        resample.summarize()
-    return float(resample.stats[0])
-
-
-def paired_bootstrap(reference_eval, other_eval, resamples: int, seed: int = 0) -> tuple[float, float]:
-    """95% interval of AP(other) - AP(reference) over `resamples` draws of the images with
-    replacement, the same draws for both (`run_cocoeval` / `CocoEvaluator.cocoeval` results of the
-    same ground truth): the interval of the precision gates (benchmarks/precision_gate.py, the
-    int8 gate of `vitpose export --precision int8`)."""
-    images = len(reference_eval._paramsEval.imgIds)
-    if len(other_eval._paramsEval.imgIds) != images:
-        raise ValueError("the two evaluations are not of the same images")
-    rng = np.random.default_rng(seed)
-    differences = []
-    for _ in range(resamples):
-        draws = rng.integers(0, images, images)
-        differences.append(resampled_ap(other_eval, draws) - resampled_ap(reference_eval, draws))
-    low, high = np.percentile(differences, [2.5, 97.5])
-    return float(low), float(high)
-
-
-def _no_detections(coco):
-    # What xtcocotools evaluates when no result has a positive keypoint score: the images and
-    # categories of the ground truth and no detection (pycocotools' loadRes needs at least one).
-    from pycocotools.coco import COCO
-
-    empty = COCO()
-    empty.dataset = {"images": list(coco.dataset["images"]), "annotations": [],
-                     "categories": copy.deepcopy(coco.dataset["categories"])}
-    empty.createIndex()
-    return empty
-
-
-# -- raw prediction files (what evaluate.py --out writes) --------------------------------------------
-
-def save_predictions(predictions: Iterable[dict], path) -> Path:
-    """Write predictions (the dicts `evaluate` takes) as JSON, arrays as lists."""
-    def plain(value):
-        if isinstance(value, np.ndarray):
-            return value.tolist()
-        if isinstance(value, np.generic):
-            return value.item()
-        if hasattr(value, "tolist"):  # torch tensors
-            return value.tolist()
-        return value
-
-    return write_atomic(path, json.dumps([{k: plain(v) for k, v in p.items()} for p in predictions]))
-
-
-def load_predictions(path) -> list[dict]:
-    """Read a file written by `save_predictions`; keypoints come back as float64, scores as float32 (the dtypes `predict` makes)."""
-    data = json.loads(Path(path).read_text())
-    if not isinstance(data, list):
-        raise PredictionError(f"{path}: expected a JSON list of predictions")
-    for pred in data:
-        for key in ("keypoints", "keypoint_scores"):
-            if isinstance(pred, dict) and key in pred:
-                pred[key] = np.asarray(pred[key], dtype=np.float32 if key == "keypoint_scores" else np.float64)
-    return data

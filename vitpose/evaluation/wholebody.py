@@ -22,13 +22,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from vitpose.evaluation.coco_evaluator import (
-    STAT_NAMES,
-    CocoEvaluator,
-    _coco_index,
-    read_ground_truth,
-    score_with_cocoeval,
-)
+from vitpose.evaluation.coco_evaluator import STAT_NAMES, CocoEvaluator, read_ground_truth
+from vitpose.evaluation.pycocotools_eval import coco_index_of, score_with_cocoeval
 
 # (name, field of the GT and results, first keypoint, end) in the 133-keypoint order.
 PARTS = (("body", "keypoints", 0, 17), ("foot", "foot_kpts", 17, 23), ("face", "face_kpts", 23, 91),
@@ -117,7 +112,7 @@ class WholeBodyEvaluator(CocoEvaluator):
     def _index_ground_truth(self):
         fields = [(field, end - start) for _, field, start, end in PARTS]
         dataset = read_ground_truth(self.ann_file, NUM_KEYPOINTS, use_area=self.use_area, keypoint_fields=fields)
-        self.views = {view: _coco_index(_ground_truth_view(dataset, view)) for view in VIEWS}
+        self.views = {view: coco_index_of(_ground_truth_view(dataset, view)) for view in VIEWS}
         return self.views["wholebody"]
 
     def results(self, predictions: Sequence[dict]) -> list[dict]:

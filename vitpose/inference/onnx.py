@@ -29,7 +29,7 @@ import numpy as np
 
 from vitpose.codecs.flip import flip_average, flip_heatmaps
 from vitpose.data.pixels import normalize_images
-from vitpose.errors import UserError
+from vitpose.errors import UserError, require_extra
 from vitpose.inference.pipeline import TopDown
 from vitpose.inference.results import StageTimer
 from vitpose.models.spec import METADATA_KEY, ModelSpec, SpecError, check_flip_indices
@@ -38,7 +38,6 @@ __all__ = ["ExportedModelError", "OnnxLoadError", "OnnxMetadataError", "OnnxPred
            "ProviderError", "check_onnx_device", "check_providers", "exported_device", "is_exported", "is_openvino", "load_exported",
            "openvino_device", "openvino_xml"]
 
-EXTRA_HINT = 'pip install onnxruntime (or pip install "vitpose[export]")'
 EXPORT_KEY = "vitpose.export"  # vitpose.inference.export.EXPORT_KEY (that module imports torch)
 
 
@@ -106,10 +105,10 @@ def _installed(distribution: str) -> bool:
 
 
 def _import_onnxruntime():
-    try:
-        import onnxruntime
-    except ImportError:
-        raise ImportError(f"OnnxPredictor needs onnxruntime, not installed: {EXTRA_HINT}") from None
+    """onnxruntime, or the one "install the extra" error (`vitpose.errors.require_extra`)."""
+    require_extra("OnnxPredictor", ["onnxruntime"], "export")
+    import onnxruntime
+
     return onnxruntime
 
 
@@ -381,7 +380,6 @@ class OnnxPredictor(TopDown):
 # ----------------------------------------------------------------------------------------------
 # OpenVINO IR (`vitpose export --format openvino`): the same steps, OpenVINO's runtime
 
-OPENVINO_HINT = 'pip install openvino (or pip install "vitpose[openvino]")'
 # Where `vitpose export` keeps the ModelSpec and the export facts in an IR's rt_info (XML element
 # names cannot hold the dots of the ONNX metadata keys).
 OPENVINO_RT_INFO = {METADATA_KEY: ["vitpose", "model_spec"], EXPORT_KEY: ["vitpose", "export"]}
@@ -405,10 +403,10 @@ def openvino_xml(path) -> Path:
 
 
 def _import_openvino():
-    try:
-        import openvino
-    except ImportError:
-        raise ImportError(f"OpenVinoPredictor needs openvino, not installed: {OPENVINO_HINT}") from None
+    """openvino, or the one "install the extra" error (`vitpose.errors.require_extra`)."""
+    require_extra("OpenVinoPredictor", ["openvino"], "openvino")
+    import openvino
+
     return openvino
 
 

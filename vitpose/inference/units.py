@@ -269,7 +269,8 @@ class ShardFile(ResultsFile):
         self.done_units: set[str] = set()
         self.existed = os.path.lexists(self.path)
         # Opened without following links, created exclusively: a link planted at the shard file's
-        # name, or at a guessable partial name beside it, never redirects a write.
+        # name, or at a guessable partial name beside it (by another user of a shared folder),
+        # never redirects a write.
         if resume and self.path.is_file() and not self.path.is_symlink() and self.path.stat().st_size:
             self._truncate_to_complete_units()
             self.target = self.path

@@ -10,5 +10,8 @@ from vitpose import lazy_exports
 __all__, __getattr__ = lazy_exports(__name__, {
     "vitpose.labelling.similarity": ["keypoint_similarity", "oks"],
     "vitpose.labelling.select": ["FrameScore", "choose_frames", "score_frame", "select_frames"],
-    "vitpose.labelling.audit": ["audit_annotations", "audit_instance", "calibrate", "ranked", "read_labels"],
+    "vitpose.labelling.audit": ["audit_annotations", "ranked"],
+    "vitpose.labelling.checks": ["audit_instance"],
+    "vitpose.labelling.calibration": ["calibrate"],
+    "vitpose.labelling.labels": ["read_labels"],
 })
