@@ -80,7 +80,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--batch", type=_batch_arg, default="dynamic", help="'dynamic' (default) or a fixed size")
     parser.add_argument("--flip-test", action="store_true", help="bake the flip test into the graph")
     parser.add_argument("--fp16", action="store_true", help="float16 weights (GPU runtimes); float32 input/output")
-    parser.add_argument("--precision", choices=("fp32", "fp16", "int8"), default=None,
+    parser.add_argument("--precision", default=None, metavar="fp32|fp16|int8",
                         help="fp32 (default); fp16 (= --fp16); int8: ONNX Runtime quantization, written only when "
                              "its COCO AP on held-out images is within 0.005 of fp32's (vitpose.inference.quantize)")
     parser.add_argument("--calibration", help="int8 static: the images to calibrate on: a folder of images or a "
@@ -114,6 +114,8 @@ def _resolve_format(fmt: str | None, out: Path) -> str:
 
 def _precision(precision: str | None, fp16: bool, calibration: str | None) -> str:
     precision = precision or ("fp16" if fp16 else "fp32")
+    if precision not in ("fp32", "fp16", "int8"):
+        raise ExportUsageError(f"--precision: {precision!r} is not one of fp32, fp16, int8")
     if fp16 and precision != "fp16":
         raise ExportUsageError(f"--fp16 and --precision {precision} both choose the precision; give one")
     if precision != "int8" and calibration:

@@ -271,11 +271,15 @@ def predict(options: PredictOptions) -> int:
     else:
         options, paths, names, plan = _image_plan(options, kinds)
     boxes = read_boxes(options, names)
-    if options.engine == "ray":  # the model runs in Ray's actors, not here
-        from vitpose.integrations.ray import predict_with_ray
+    # after the sources, the outputs and the boxes file are checked
+    predictor = build_predictor(options.model)
+    if plan is not None:
+        plan.announce()
+    if options.engine == "ray":  # the model runs in Ray's actors; opened here first, so that a mistake in
+        from vitpose.integrations.ray import predict_with_ray  # the model flags is one line, not each actor's death
 
+        del predictor
         return predict_with_ray(options, plan, boxes)
-    predictor = build_predictor(options.model)  # after the sources, the outputs and the boxes file are checked
     with StopOnSignal() as stop:
         if plan is not None and streams:
             return sharded.predict_segments(predictor, plan, options, stop.event)

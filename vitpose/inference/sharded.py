@@ -96,16 +96,21 @@ class ShardPlan:
     def paths(self) -> list[Path]:
         return [u.path for u in self.mine]
 
+    def announce(self) -> None:
+        """This shard's share on stderr (said once the model is open: a mistake in the command line
+        stays its one line)."""
+        if self.where != "--shard":
+            print(f"vitpose predict: shard {self.shard}/{self.shards} from {self.where} (give --shard 0/1 to run "
+                  f"every unit here)", file=sys.stderr)
+        print(f"vitpose predict: shard {self.shard}/{self.shards}: {len(self.mine)} of {len(self.units)} units",
+              file=sys.stderr)
+
 
 def _plan(options: PredictOptions, units: list[WorkUnit], setting, root: Path) -> ShardPlan:
     k, n, where = setting
     plan = ShardPlan(k, n, where, root, units, [u for u in units if unit_shard(u.id, n) == k], resume=options.resume)
     if options.json is not None:  # this shard's file: checked as the output, named in the summary
         plan.json_path = shard_file_path(options.json, k, n)
-    if where != "--shard":
-        print(f"vitpose predict: shard {k}/{n} from {where} (give --shard 0/1 to run every unit here)",
-              file=sys.stderr)
-    print(f"vitpose predict: shard {k}/{n}: {len(plan.mine)} of {len(units)} units", file=sys.stderr)
     return plan
 
 
