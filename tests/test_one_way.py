@@ -171,8 +171,8 @@ def test_no_function_over_80_lines():
 
 @pytest.mark.parametrize("command", ["merge", "plot", "import-annotations"])
 def test_light_commands_do_not_import_torch(command):
-    code = ("import sys\nfrom vitpose.cli import main\ntry:\n    main([%r, '--help'])\nexcept SystemExit:\n    pass\n"
-            "print('torch' in sys.modules)" % command)
+    code = (f"import sys\nfrom vitpose.cli import main\ntry:\n    main([{command!r}, '--help'])\nexcept SystemExit:\n"
+            f"    pass\nprint('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "False", f"vitpose {command} --help imported torch"

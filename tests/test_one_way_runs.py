@@ -13,12 +13,21 @@ import json
 import cv2
 import numpy as np
 import pytest
-from test_shard import COMMON, predict, records, weights, write_images  # noqa: F401 - weights is a fixture
+from test_evaluate import tiny_model
+from test_shard import COMMON, predict, records, write_images
 
+import vitpose
 from vitpose.inference.units import ShardFile, read_shard_file
 from vitpose.inference.writers import ResultsFile
 
 SIZE = (60, 48)  # width, height of every image and frame
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    path = tmp_path_factory.mktemp("one-way-model") / "tiny.safetensors"
+    vitpose.save_weights(tiny_model(seed=11), path)
+    return path
 
 
 def write_video(path, frames=4):

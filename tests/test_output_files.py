@@ -39,9 +39,9 @@ from test_predict_pipeline import SignalOnCall, cli, strict_records, with_detect
 
 from vitpose import files
 from vitpose.cli import main
-from vitpose.inference.pipeline import ResultsFile
 from vitpose.inference.results import FullFrame, Poses, StageTimer
 from vitpose.inference.runner import PredictOptions
+from vitpose.inference.writers import ResultsFile
 
 REPO = Path(__file__).resolve().parents[1]
 ANNOTATIONS = REPO / "tests" / "data" / "annotations"

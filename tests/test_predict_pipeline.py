@@ -355,7 +355,7 @@ def test_api_conveniences_and_flag_names(tmp_path, tiny, capsys):
 def test_results_file_keeps_nothing_in_memory_and_resumes_after_a_torn_line(tmp_path):
     """JSON Lines: records go to the file, not to memory (a webcam runs for hours); a run killed
     in the middle of a line is continued from the last whole item, which is done again."""
-    from vitpose.inference.pipeline import ResultsFile
+    from vitpose.inference.writers import ResultsFile
 
     path = tmp_path / "r.jsonl"
     results = ResultsFile(path, "frame")

@@ -2,7 +2,7 @@
 
 `add_model_arguments(parser)` adds `--model --config --device --precision --detector
 --detector-threshold --det-classes --no-flip --batch-size` (a command leaves out what it has no use
-for); `model_options(args)` turns them into the library's typed `ModelOptions`; `open_model(options)`
+for); `model_options(args)` turns them into the typed `ModelOptions`; `open_model(options)`
 opens the predictor through the one door (`vitpose.open_predictor`), which refuses a bad
 `--detector`, `--precision` or `--device` with one line (exit 2) before any model loads
 (`views=True`: also a model that cannot give the flip test's two views, which select and audit read).
@@ -13,6 +13,7 @@ the same way on every command.
 from __future__ import annotations
 
 import argparse
+from dataclasses import asdict, dataclass
 
 DEFAULT_MODEL = "vitpose-b-simple"
 MODEL_HELP = ("a published name (vitpose.hub.list_models()), an HF repo id (org/repo[@revision]), a weights or "
@@ -24,6 +25,33 @@ PRECISION_HELP = ("auto | fp32 | bf16 | fp16. auto (default): fp16 on CUDA, bf16
                   "where a short measurement of the model finds it faster (cached; the reason is printed once), else "
                   "fp32; what auto picks passed the accuracy gate, AP within 0.002 of fp32 (BENCHMARKS.md). fp32 "
                   "gives the reference numbers; an exported file runs in its own precision")
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """What a command line says about the model to open (`add_model_arguments` parses it for every
+    command that loads one); `open()` goes through the one door, `vitpose.open_predictor`."""
+
+    model: str
+    config: str | None = None
+    device: str | None = None
+    precision: str = "auto"
+    detector: str | None = "default"
+    flip_test: bool = True
+    batch_size: int | None = None
+    detector_threshold: float | None = None
+    det_classes: tuple[str, ...] | None = None
+
+    def kwargs(self) -> dict:
+        """The keyword arguments of `open_predictor` (and of Ray's `PosePredictor`) but `model`."""
+        values = asdict(self)
+        values.pop("model")
+        return values
+
+    def open(self):
+        from vitpose.inference.door import open_predictor
+
+        return open_predictor(self.model, **self.kwargs())
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, *, default_model: str | None = DEFAULT_MODEL,
@@ -59,7 +87,6 @@ def model_options(args: argparse.Namespace, *, batch_size: int | None = None):
     the door checks the detector, precision and device). batch_size: the command's own flag for it
     (`vitpose serve --max-batch`)."""
     from vitpose.errors import UsageError
-    from vitpose.inference.door import ModelOptions
 
     detector = getattr(args, "detector", "none")
     if detector is None:

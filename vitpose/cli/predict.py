@@ -39,19 +39,14 @@ model, outputs); 70 a bug (its traceback); 130 interrupted.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
-from dataclasses import replace
 from pathlib import Path
 
 from vitpose.cli.options import add_model_arguments, model_options, open_model
 from vitpose.errors import UsageError
-from vitpose.files import check_output
+from vitpose.inference.dispatch import check_outputs, read_boxes  # noqa: F401 - public here too
 from vitpose.inference.images import drawing_names, output_names, predict_images  # noqa: F401 - public here too
-from vitpose.inference.pipeline import image_ids, read_boxes_file
 from vitpose.inference.runner import PredictOptions
-from vitpose.run.sources import classify_source, list_images
-from vitpose.run.stop import StopOnSignal
+from vitpose.run.sources import list_images  # noqa: F401 - public here too
 
 STAGES = ("decode", "detect", "crop", "pose", "decode heatmaps", "draw", "write")
 
@@ -114,61 +109,6 @@ def add_shard_arguments(p) -> None:
 # Sources and outputs, all checked before the model loads
 
 
-def check_outputs(options: PredictOptions, inputs: list[Path], video_source=None) -> None:
-    """--out, --json and their combinations (see the module docstring), before any work
-    (`vitpose.files.check_output`: folder vs file, a path under a file, writable, not an input;
-    --json may be a device or pipe such as /dev/stdout, a drawn video may not)."""
-    from vitpose.files import stream_kind
-
-    if options.resume and options.json is None:
-        raise UsageError("--resume continues the --json file: give --json")
-    if options.resume and options.json_array:
-        raise UsageError("--resume continues JSON Lines; leave out --json-array")
-    extra = [Path(p) for p in (options.boxes, options.model.config, options.model.model)
-             if p is not None and Path(p).is_file()]
-    outputs = []
-    if options.out is not None and video_source is not None:
-        from vitpose.inference.video import output_video_path  # the video module names the file
-
-        drawn = output_video_path(options.out, video_source)
-        if drawn != options.out:
-            check_output(options.out, "--out", "dir", inputs + extra)
-        check_output(drawn, "--out", "file", inputs + extra)  # `--out .` beside clip.mp4 names clip.mp4
-        outputs.append(drawn)
-    elif options.out is not None:
-        check_output(options.out, "--out", "dir", inputs + extra)
-        out = options.out.expanduser().resolve()
-        if any(path.parent.resolve() == out for path in inputs):  # the drawings keep the images' names
-            raise UsageError(f"--out {options.out} is a source directory: the drawings would overwrite the images")
-    if options.json is not None:
-        check_output(options.json, "--json", "file", inputs + extra + outputs, streams=True)
-        if options.resume and stream_kind(options.json.expanduser()) is not None:
-            raise UsageError(f"--json {options.json} is a device or pipe; --resume continues a file")
-        if options.out is not None and video_source is None:
-            json_path = os.path.abspath(options.json.expanduser())
-            drawings = {os.path.abspath(options.out.expanduser() / name): name
-                        for name in drawing_names(output_names(inputs))}
-            if json_path in drawings:
-                raise UsageError(f"--json {options.json} is the name of the drawing of {drawings[json_path]} in --out "
-                                 f"{options.out}: choose another name")
-
-
-def read_boxes(options: PredictOptions, names: list[str] | None):
-    """`--boxes` -> (BoxTable, key) for images ("image_id" when every name is a COCO id and the
-    records have it, else "file_name"); names None for a video (its key is chosen there)."""
-    if options.boxes is None or names is None:
-        return None, None
-    table = read_boxes_file(options.boxes)
-    _, coco_named = image_ids(names)
-    if not table.by_key or (coco_named and table.keyed_by("image_id")):
-        return table, "image_id"
-    if table.keyed_by("file_name"):
-        return table, "file_name"
-    example = next((n for n in names if not Path(n).stem.isascii() or not Path(n).stem.isdigit()), names[0])
-    raise UsageError(f"--boxes: {options.boxes} gives image_id only, but the source's file names are not all COCO "
-                     f"ids (e.g. {example!r}): add 'file_name' to its records")
-
-
 # ----------------------------------------------------------------------------------------------
 # The command
 
@@ -211,83 +151,21 @@ def run(args) -> int:
     """`vitpose predict`; returns the exit status. Errors that are the user's are UserErrors, which
     the command's one handler (vitpose.cli.run_command) prints as one line; a second Ctrl-C reaches
     it as KeyboardInterrupt after the files were closed on the way out."""
-    return predict(predict_options(args))
+    from vitpose.inference import dispatch, sharded
 
-
-def _video_plan(options: PredictOptions, source, kind: str):
-    """A video or webcam: checked before the model loads; its `--segment` plan (or None)."""
-    from vitpose.inference import sharded
-
-    if options.format != "coco":
-        raise UsageError(f"--format {options.format} writes pre-annotations of images; a video takes --format coco")
-    if kind == "webcam" and options.json_array:
-        raise UsageError("--json-array: a webcam runs until it is stopped; its --json is JSON Lines only")
-    if kind == "video":
-        from vitpose.run.sources import check_video_file
-
-        check_video_file(source)
-    plan = sharded.plan_segments(options, source) if options.segment is not None else None
-    checked = options if plan is None else replace(options, json=plan.json_path, json_array=False)
-    check_outputs(checked, [] if kind == "webcam" else [source], video_source=source)
-    if options.boxes is not None:  # its errors before the model loads (run_video reads it for the frames)
-        read_boxes_file(options.boxes)
-    return plan, checked
-
-
-def _image_plan(options: PredictOptions, kinds: list[str]):
-    """Images: listed, named and checked before the model loads -> (options, paths, names, plan)."""
-    from vitpose.inference import sharded
-
-    # image files named one by one are a bounded input: their --json is one COCO results list
-    # (as COCO.loadRes reads it); folders stream JSON Lines
-    options = replace(options, json_array=options.json_array or (
-        not options.resume and all(kind == "image" for kind in kinds)))
-    paths = list_images([str(Path(s).expanduser()) for s in options.sources])
-    names = output_names(paths)
-    image_ids(names)  # duplicate ids: an error before any work
-    plan = sharded.plan_images(options, paths, names)  # --shard K/N (or a launcher's): this shard's images
-    if plan is not None:  # shard files are JSON Lines (vitpose merge --format coco writes a list)
-        paths = plan.paths
-        options = replace(options, json=plan.json_path, json_array=False)
-    check_outputs(options, paths)
-    return options, paths, names, plan
-
-
-def predict(options: PredictOptions) -> int:
-    """Every source of `vitpose predict` by one dispatch: images, a video, its segments, or Ray."""
-    from vitpose.inference import sharded  # --shard, --segment, --nproc-per-node, --engine ray
-
-    kinds = [classify_source(s) for s in options.sources]
-    streams = [s for s, kind in zip(options.sources, kinds) if kind in ("video", "webcam")]
-    if streams and len(options.sources) > 1:
-        raise UsageError(f"a video or webcam ({streams[0]}) must be the only SOURCE")
-    sharded.check_shard_flags(options, kinds[0] if streams else None)
-    if options.nproc_per_node is not None:  # N copies of this command, one shard each
-        return sharded.spawn_shards(options)
-    paths = names = source = None
-    if streams:
-        source = int(streams[0]) if kinds[0] == "webcam" else Path(streams[0]).expanduser()
-        plan, options = _video_plan(options, source, kinds[0])
-    else:
-        options, paths, names, plan = _image_plan(options, kinds)
-    boxes = read_boxes(options, names)
-    # after the sources, the outputs and the boxes file are checked
-    predictor = build_predictor(options.model)
-    if plan is not None:
-        plan.announce()
-    if options.engine == "ray":  # the model runs in Ray's actors; opened here first, so that a mistake in
-        from vitpose.integrations.ray import predict_with_ray  # the model flags is one line, not each actor's death
+    run = dispatch.prepare(predict_options(args))  # everything checked before the model loads
+    if run.spawn:
+        return sharded.spawn_shards(run.options)
+    predictor = build_predictor(run.options.model)
+    if run.options.engine == "ray":  # the model runs in Ray's actors; opened here first all the same, so
+        from vitpose.integrations.ray import (
+            predict_with_ray,  # a mistake in its flags is one line, not each actor's death
+        )
 
         del predictor
-        return predict_with_ray(options, plan, boxes)
-    with StopOnSignal() as stop:
-        if plan is not None and streams:
-            return sharded.predict_segments(predictor, plan, options, stop.event)
-        if streams:
-            from vitpose.inference.video import run_video  # the video pipeline (decode, detect and pose overlapped)
+        if run.plan is not None:
+            run.plan.announce()
+        return predict_with_ray(run.options, run.plan, run.boxes)
+    return dispatch.run_local(run, predictor)
 
-            return run_video(predictor, source, options, stop=stop.event).exit_status
-        if options.track or options.smooth or options.det_every != 1:
-            print("vitpose predict: note: --track, --smooth and --det-every apply to videos; ignored for images",
-                  file=sys.stderr)
-        return predict_images(predictor, paths, options, boxes, stop, plan=plan)
+

@@ -18,11 +18,10 @@ loader underneath (`vitpose.load_model`, `vitpose.inference.onnx`) in the same w
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
 
 from vitpose.errors import UsageError
 
-__all__ = ["DETECTOR_CHOICES", "ModelOptions", "check_detector", "open_predictor"]
+__all__ = ["DETECTOR_CHOICES", "check_detector", "open_predictor"]
 
 # What `detector=` takes besides a name of `vitpose.inference.detect.DETECTORS` (or a callable).
 DETECTOR_CHOICES = ("default", "none", "full-frame")
@@ -94,9 +93,10 @@ def open_predictor(model, *, config=None, device=None, precision: str = "auto", 
     _check_det_classes(det_classes)
     exported = is_exported(model)
     torch_device = _device(model, device, exported)
+    amp_dtype = None
     if not exported and precision != "auto":  # auto always resolves (and may time the model: done by the predictor)
         try:  # an impossible precision is the user's choice, refused before the model loads
-            resolve_precision(precision, torch_device)
+            amp_dtype = resolve_precision(precision, torch_device)
         except ValueError as e:
             raise UsageError(f"--precision: {e}") from None
     common = dict(flip_test=flip_test, batch_size=batch_size, detector=detector,
@@ -106,30 +106,6 @@ def open_predictor(model, *, config=None, device=None, precision: str = "auto", 
             raise UsageError(f"--expert: {model} is an exported file of one model; the expert was chosen at export")
         return load_exported(model, torch_device, requested_device=device, config=config, precision=precision,
                              **common)
-    return Predictor.from_pretrained(model, device=torch_device, config=config, precision=precision, expert=expert,
-                                     **common)
-
-
-@dataclass(frozen=True)
-class ModelOptions:
-    """What a command line says about the model to open (`vitpose.cli.options.add_model_arguments`
-    parses it for every command that loads one); `open()` goes through `open_predictor`."""
-
-    model: str
-    config: str | None = None
-    device: str | None = None
-    precision: str = "auto"
-    detector: str | None = "default"
-    flip_test: bool = True
-    batch_size: int | None = None
-    detector_threshold: float | None = None
-    det_classes: tuple[str, ...] | None = None
-
-    def kwargs(self) -> dict:
-        """The keyword arguments of `open_predictor` (and of Ray's `PosePredictor`) but `model`."""
-        values = asdict(self)
-        values.pop("model")
-        return values
-
-    def open(self):
-        return open_predictor(self.model, **self.kwargs())
+    # the precision resolved once, here: the predictor takes its autocast dtype as it is
+    chosen = {"precision": "auto"} if precision == "auto" else {"amp_dtype": amp_dtype}
+    return Predictor.from_pretrained(model, device=torch_device, config=config, expert=expert, **chosen, **common)

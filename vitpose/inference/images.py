@@ -110,11 +110,10 @@ class _ImageRun:
                 # the pre-annotation formats need the size; `vitpose serve` answers with the same records
                 with_size = self.options.format != "coco"
                 records, nonfinite = image_records(poses, name, image_id, image.shape[:2] if with_size else None)
-                self.results.begin(name)
-                self.results.add(records, nonfinite)
-                self.results.end()
-        self.people += len(poses)
-        self.nobody += len(poses) == 0
+                self.results.write(records, nonfinite, unit=name)
+        people = len(poses)
+        self.people += people
+        self.nobody += people == 0
         self.done += 1
         if self.options.out is not None:
             with timer.stage("draw"):

@@ -26,14 +26,12 @@ from vitpose.data.geometry import bbox_xywh2xyxy, person_boxes_to_center_scale
 from vitpose.data.transforms import topdown_crops
 from vitpose.errors import UserError
 from vitpose.inference.results import Detections, FlipViews, Poses, StageTimer
-from vitpose.inference.writers import PARTIAL_SUFFIX, ResultsFile, partial_files  # noqa: F401 - their old home
 from vitpose.run.sources import IMAGE_SUFFIXES, VIDEO_SUFFIXES, classify_source  # noqa: F401 - their old home
 
-__all__ = ["PARTIAL_SUFFIX", "BoxTable", "ResultsFile", "TopDown", "classify_source", "coco_records", "image_ids",
-           "partial_files", "read_boxes_file", "read_records"]
+__all__ = ["BoxError", "BoxTable", "TopDown", "classify_source", "coco_records", "image_ids", "read_boxes_file",
+           "read_records"]
 
 _COCO_ID = re.compile(r"[0-9]+")  # ASCII digits only: "²" is a digit to str.isdigit, not to int()
-MAX_WEBCAM_INDEX = 2**31 - 1  # cv2.VideoCapture(index) takes a C int
 # A caller's box may reach past the image (a person at its edge), but one that misses the image
 # or spans more than this many times its width or height is no person in it: boxes made for
 # another image size or another image, or a unit mistake (1e30-pixel boxes gave keypoints ~5e29).

@@ -43,11 +43,12 @@ class PredictOptions:
     `progress` (a progress bar), `quiet` (no summary). Scale-out: `shard` ("K/N"), `segment`
     (frames per unit of a video), `nproc_per_node`, `engine` ("local" | "ray"), `workers`,
     `ray_address`, `argv` (the command's own arguments, for a launcher that starts it again),
-    `model` (the door's `ModelOptions`, for runs that open the model elsewhere: Ray's actors).
+    `model` (the command's `ModelOptions`: `model`, `device`, ..., `kwargs()` for `open_predictor`,
+    `open()`; for runs that open the model elsewhere: Ray's actors).
     """
 
     sources: tuple[str, ...] = ()
-    model: object = None  # vitpose.inference.door.ModelOptions
+    model: object = None  # what opens the model: vitpose.cli.options.ModelOptions (model, device, ...)
     boxes: Path | str | None = None
     out: Path | str | None = None
     json: Path | str | None = None

@@ -43,11 +43,12 @@ import numpy as np
 
 from vitpose.errors import UserError
 from vitpose.inference.draw import draw_people
-from vitpose.inference.pipeline import ResultsFile, coco_records, video_boxes
+from vitpose.inference.pipeline import coco_records, video_boxes
 from vitpose.inference.results import Poses
 from vitpose.inference.runner import Failures, PredictOptions, predict_chunk
 from vitpose.inference.tracking import DetectionSchedule, KeypointSmoother, Tracker
 from vitpose.inference.video_file import VideoFile, VideoWriteError, open_video_writer, output_video_path  # noqa: F401
+from vitpose.inference.writers import ResultsFile
 from vitpose.run.sources import (  # noqa: F401 - re-exported
     DEFAULT_FPS,
     Frame,

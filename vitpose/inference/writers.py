@@ -197,9 +197,9 @@ class ResultsFile:
         """The open unit is complete."""
         self.unit = None
 
-    def write(self, records: list[dict], nonfinite: int = 0) -> None:
-        """One item's records as a whole unit (`begin`, `add`, `end`)."""
-        self.begin(None)
+    def write(self, records: list[dict], nonfinite: int = 0, unit=None) -> None:
+        """One unit's records at once (`begin(unit)`, `add`, `end`): an image's."""
+        self.begin(unit)
         self.add(records, nonfinite)
         self.end()
 

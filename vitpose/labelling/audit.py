@@ -75,7 +75,8 @@ def audit_annotations(predictor, labels: list[LabelledImage], images_dir: Path, 
     `ResultsFile`: an interrupted run keeps what it finished, `resume=True` continues it).
     Returns ({image file_name: its progress line}, completed)."""
     from vitpose.files import read_image
-    from vitpose.inference.pipeline import ResultsFile, read_records
+    from vitpose.inference.pipeline import read_records
+    from vitpose.inference.writers import ResultsFile
 
     results = ResultsFile(progress, "image", resume=resume)
     lines = {line["image"]: line for line in read_records(progress)} if results.done else {}

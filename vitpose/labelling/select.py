@@ -31,7 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from vitpose.errors import UserError
-from vitpose.inference.pipeline import IMAGE_SUFFIXES, ResultsFile, coco_records, read_records
+from vitpose.inference.pipeline import IMAGE_SUFFIXES, coco_records, read_records
+from vitpose.inference.writers import ResultsFile
 from vitpose.labelling.similarity import oks
 
 __all__ = ["FrameScore", "choose_frames", "settle_jumps", "frame_feature", "iter_frames", "labelled_names", "score_frame",

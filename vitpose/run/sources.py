@@ -1,7 +1,8 @@
 """The sources of a prediction run, read one way: image folders, video files and cameras.
 
 - `classify_source(source)`: "webcam" | "dir" | "video" | "image"; `IMAGE_SUFFIXES`, `VIDEO_SUFFIXES`.
-- `list_images(sources)`: the image files of folders and files, in order.
+- `list_images(sources)`: the image files of folders and files, in order; `survey(sources)`: the
+  kinds of the sources and their images (a video or webcam stands alone).
 - `FrameReader(source, stop=, start=, end=)`: the one reader of video frames (files, cameras and
   a video segment's frame range) and its one rule for an unreadable frame: a frame that fails to
   decode is counted and skipped (`skipped`), consecutive failures past `max_failures` end the
@@ -27,7 +28,7 @@ from vitpose.errors import UsageError, UserError
 from vitpose.files import opencv_path
 
 __all__ = ["DEFAULT_FPS", "IMAGE_SUFFIXES", "VIDEO_SUFFIXES", "Frame", "FrameReader", "VideoError", "check_video_file",
-           "classify_source", "list_images", "video_frame_count", "written_video_problem"]
+           "classify_source", "list_images", "survey", "video_frame_count", "written_video_problem"]
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".jp2", ".pgm", ".ppm")
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg", ".wmv", ".flv", ".ts")
@@ -53,6 +54,16 @@ def classify_source(source) -> str:
     if path.is_dir():
         return "dir"
     return "video" if path.suffix.lower() in VIDEO_SUFFIXES else "image"
+
+
+def survey(sources) -> tuple[list[str], list[Path] | None]:
+    """(the kind of each source, its image files): one video or webcam stands alone as the only
+    source (then no image list); otherwise the sources' images, as `list_images` lists them."""
+    kinds = [classify_source(s) for s in sources]
+    streams = [s for s, kind in zip(sources, kinds) if kind in ("video", "webcam")]
+    if streams and len(sources) > 1:
+        raise UsageError(f"a video or webcam ({streams[0]}) must be the only SOURCE")
+    return kinds, None if streams else list_images([str(Path(s).expanduser()) for s in sources])
 
 
 def list_images(sources) -> list[Path]:

@@ -11,11 +11,12 @@ notebooks, the server) leaves the interpreter as it found it.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
-__all__ = ["StopOnSignal"]
+__all__ = ["StopOnSignal", "stopped_by_signal"]
 
 
 class StopOnSignal:
@@ -71,3 +72,10 @@ class StopOnSignal:
             signal.signal(signum, handler)
         self._previous.clear()
         return False
+
+
+@contextlib.contextmanager
+def stopped_by_signal(**options) -> Iterator[StopOnSignal]:
+    """`with stopped_by_signal() as stop:` is `with StopOnSignal(**options) as stop:`."""
+    with StopOnSignal(**options) as stop:
+        yield stop
