@@ -86,17 +86,14 @@ def model_options(args: argparse.Namespace, *, batch_size: int | None = None):
     """`ModelOptions` of the flags `add_model_arguments` added (checked here: thresholds and sizes;
     the door checks the detector, precision and device). batch_size: the command's own flag for it
     (`vitpose serve --max-batch`)."""
-    from vitpose.errors import UsageError
 
     detector = getattr(args, "detector", "none")
     if detector is None:
         detector = "none" if getattr(args, "boxes", None) is not None else "default"
     threshold = getattr(args, "detector_threshold", None)
-    if threshold is not None and not 0.0 <= threshold <= 1.0:
-        raise UsageError(f"--detector-threshold must be in [0, 1], got {threshold}")
+    check_number("--detector-threshold", threshold, 0.0, 1.0)
     batch = batch_size if batch_size is not None else getattr(args, "batch_size", None)
-    if batch is not None and batch < 1:
-        raise UsageError(f"--batch-size must be >= 1, got {batch}")
+    check_number("--batch-size", batch, 1)
     classes = getattr(args, "det_classes", None)
     return ModelOptions(model=str(args.model), config=args.config, device=args.device, precision=args.precision,
                         detector=detector, flip_test=not getattr(args, "no_flip", False), batch_size=batch,
@@ -121,3 +118,15 @@ def open_model(options, *, views: bool = False):
                          f"this command needs: export it again with vitpose export --config (the training config)")
     tune_cpu_allocator(getattr(predictor, "device", "cpu"))
     return predictor
+
+
+def check_number(flag: str, value, low=None, high=None, note: str = "") -> None:
+    """A numeric flag inside its range (None: not given), else one line naming it:
+    `--flag must be >= LOW` or `--flag must be in [LOW, HIGH]`, with `note` after the bound."""
+    from vitpose.errors import UsageError
+
+    if value is None or (low is None or value >= low) and (high is None or value <= high):
+        return
+    bound = f"in [{low:g}, {high:g}]" if low is not None and high is not None else (
+        f">= {low}" if low is not None else f"<= {high}")
+    raise UsageError(f"{flag} must be {bound}{note}, got {value}")

@@ -26,7 +26,7 @@ import json
 import sys
 from pathlib import Path
 
-from vitpose.cli.options import add_model_arguments, model_options, open_model
+from vitpose.cli.options import add_model_arguments, check_number, model_options, open_model
 from vitpose.errors import EXIT_INTERRUPTED, EXIT_OK, UsageError
 
 FORMATS = ("labelstudio", "cvat", "coco")
@@ -69,12 +69,9 @@ def check_flags(args):
     from vitpose.files import check_output
     from vitpose.inference.pipeline import classify_source
 
-    if args.count < 1:
-        raise UsageError(f"--count must be at least 1, got {args.count}")
-    if args.every < 1:
-        raise UsageError(f"--every must be at least 1, got {args.every}")
-    if not 0.0 <= args.diversity <= 1.0:
-        raise UsageError(f"--diversity must be in 0..1, got {args.diversity}")
+    check_number("--count", args.count, 1)
+    check_number("--every", args.every, 1)
+    check_number("--diversity", args.diversity, 0.0, 1.0)
     source = args.source.expanduser()
     if not source.exists():
         raise UsageError(f"SRC {source}: not found")

@@ -13,10 +13,10 @@ input / heatmap (4 for 192x256 -> 48x64).
 import numpy as np
 
 from .udp import (
+    GaussianHeatmapCodec,
     _check_heatmaps,
     _check_keypoints,
     blur_heatmaps,
-    gaussian_keypoint_weights,
     heatmap_maximum,
     window_gaussian_heatmaps,
 )
@@ -113,7 +113,7 @@ def _refine_dark(locations, heatmaps, kernel_size):
     return refined
 
 
-class MSRAHeatmap:
+class MSRAHeatmap(GaussianHeatmapCodec):
     """Keypoints <-> MSRA Gaussian heatmaps (plain or DARK).
 
     Args:
@@ -129,6 +129,7 @@ class MSRAHeatmap:
     # x / s - (s - 1) / s cells, 0.75 of a cell left of the unflipped peak for s = 4; the shift
     # leaves 0.25 of a cell to the right.
     flip_shift = True
+    repr_fields = ("input_size", "heatmap_size", "sigma", "unbiased", "blur_kernel_size")
 
     def __init__(self, input_size=(192, 256), heatmap_size=(48, 64), sigma=2.0, unbiased=False,
                  blur_kernel_size=11):
@@ -138,10 +139,6 @@ class MSRAHeatmap:
         self.unbiased = unbiased
         self.blur_kernel_size = blur_kernel_size
         self.scale_factor = (np.array(self.input_size) / np.array(self.heatmap_size)).astype(np.float32)
-
-    def __repr__(self):
-        return (f"{type(self).__name__}(input_size={self.input_size}, heatmap_size={self.heatmap_size}, "
-                f"sigma={self.sigma}, unbiased={self.unbiased}, blur_kernel_size={self.blur_kernel_size})")
 
     def encode(self, keypoints, keypoints_visible=None):
         """keypoints (N, K, 2) in input-crop pixels, keypoints_visible (N, K) ->
@@ -157,13 +154,7 @@ class MSRAHeatmap:
         """The keypoint_weights of `encode` (N, K) float32 (without drawing heatmaps when plain)."""
         if self.unbiased:  # DARK's own 3-sigma rule, without integer cells: what encode computes
             return self.encode(keypoints, keypoints_visible)[1]
-        keypoints, keypoints_visible = _check_keypoints(keypoints, keypoints_visible, type(self).__name__)
-        return gaussian_keypoint_weights(keypoints / self.scale_factor, keypoints_visible,
-                                         self.heatmap_size, self.sigma)[0]
-
-    def decode(self, heatmaps):
-        """heatmaps (K, H, W) -> keypoints (1, K, 2) float32 in input pixels, scores (1, K) float32."""
-        return self.batch_decode(_check_heatmaps(self, heatmaps, batched=False)[None])
+        return super().keypoint_weights(keypoints, keypoints_visible)
 
     def batch_decode(self, heatmaps):
         """heatmaps (B, K, H, W) -> keypoints (B, K, 2) float32 in input pixels, scores (B, K) float32."""

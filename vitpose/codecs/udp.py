@@ -275,7 +275,29 @@ def refine_dark_udp(locations, heatmaps, kernel_size=11):
     return refined
 
 
-class UDPHeatmap:
+class GaussianHeatmapCodec:
+    """What the Gaussian heatmap codecs share: the keypoint weights of `encode` without drawing the
+    heatmaps, and `decode` as `batch_decode` of one. A codec sets `heatmap_size`, `sigma`,
+    `scale_factor` and defines `encode` and `batch_decode`."""
+
+    # the arguments `__repr__` shows, in the constructor's order
+    repr_fields: tuple[str, ...] = ("input_size", "heatmap_size", "sigma", "blur_kernel_size")
+
+    def __repr__(self):
+        return f"{type(self).__name__}({', '.join(f'{name}={getattr(self, name)}' for name in self.repr_fields)})"
+
+    def keypoint_weights(self, keypoints, keypoints_visible=None):
+        """The keypoint_weights of `encode` (N, K) float32 without drawing the heatmaps."""
+        keypoints, keypoints_visible = _check_keypoints(keypoints, keypoints_visible, type(self).__name__)
+        return gaussian_keypoint_weights(keypoints / self.scale_factor, keypoints_visible,
+                                         self.heatmap_size, self.sigma)[0]
+
+    def decode(self, heatmaps):
+        """heatmaps (K, H, W) -> keypoints (1, K, 2) in input pixels, scores (1, K) float32."""
+        return self.batch_decode(_check_heatmaps(self, heatmaps, batched=False)[None])
+
+
+class UDPHeatmap(GaussianHeatmapCodec):
     """Keypoints <-> UDP Gaussian heatmaps.
 
     Args:
@@ -297,26 +319,12 @@ class UDPHeatmap:
         # float32 as in MMPose: the division below must round the same way.
         self.scale_factor = udp_stride(self.input_size, self.heatmap_size)
 
-    def __repr__(self):
-        return (f"{type(self).__name__}(input_size={self.input_size}, heatmap_size={self.heatmap_size}, "
-                f"sigma={self.sigma}, blur_kernel_size={self.blur_kernel_size})")
-
     def encode(self, keypoints, keypoints_visible=None):
         """keypoints (N, K, 2) in input-crop pixels, keypoints_visible (N, K) ->
         heatmaps (K, H, W) float32 (instances merged by max), keypoint_weights (N, K) float32."""
         keypoints, keypoints_visible = _check_keypoints(keypoints, keypoints_visible, type(self).__name__)
         return window_gaussian_heatmaps(self.heatmap_size, keypoints / self.scale_factor,
                                         keypoints_visible, self.sigma, subpixel=True)
-
-    def keypoint_weights(self, keypoints, keypoints_visible=None):
-        """The keypoint_weights of `encode` (N, K) float32 without drawing the heatmaps."""
-        keypoints, keypoints_visible = _check_keypoints(keypoints, keypoints_visible, type(self).__name__)
-        return gaussian_keypoint_weights(keypoints / self.scale_factor, keypoints_visible,
-                                         self.heatmap_size, self.sigma)[0]
-
-    def decode(self, heatmaps):
-        """heatmaps (K, H, W) -> keypoints (1, K, 2) float64 in input pixels, scores (1, K) float32."""
-        return self.batch_decode(_check_heatmaps(self, heatmaps, batched=False)[None])
 
     def batch_decode(self, heatmaps):
         """heatmaps (B, K, H, W) -> keypoints (B, K, 2) float64 in input pixels, scores (B, K) float32."""

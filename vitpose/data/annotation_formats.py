@@ -29,6 +29,11 @@ elements, an image URL without a file name, and a file of the other tool (docs/a
 
 from __future__ import annotations
 
+__all__ = ["AnnotationFormatError", "Draft", "DraftImage", "DraftPerson", "FORMATS", "read_export",
+           "read_labelstudio", "read_cvat", "to_coco", "to_labelstudio_tasks", "to_cvat_xml",
+           "labelstudio_file_name", "labelstudio_image_url", "DEFAULT_MARK_BELOW", "CVAT_DECIMALS", "EDGE_TOLERANCE_PX",
+           "MAX_IMAGE_SIDE", "OCCLUDED_WORD"]
+
 from .annotation_draft import (
     DEFAULT_MARK_BELOW,
     EDGE_TOLERANCE_PX,
@@ -47,11 +52,6 @@ from .labelstudio import (
     read_labelstudio,
     to_labelstudio_tasks,
 )
-
-__all__ = ["AnnotationFormatError", "Draft", "DraftImage", "DraftPerson", "FORMATS", "read_export",
-           "read_labelstudio", "read_cvat", "to_coco", "to_labelstudio_tasks", "to_cvat_xml",
-           "labelstudio_file_name", "labelstudio_image_url", "DEFAULT_MARK_BELOW", "CVAT_DECIMALS", "EDGE_TOLERANCE_PX",
-           "MAX_IMAGE_SIDE", "OCCLUDED_WORD"]
 
 FORMATS = ("labelstudio", "cvat")
 

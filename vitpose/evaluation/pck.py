@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import json
 import logging
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from vitpose.evaluation.coco_evaluator import GroundTruthError, PredictionError
+from vitpose.evaluation.predictions import count_nonfinite, note_missing
 from vitpose.files import write_atomic
 
 log = logging.getLogger(__name__)
@@ -145,12 +145,8 @@ class PCKEvaluator:
                                       f"{self.num_keypoints} (x, y) numbers, got shape {xy.shape} of {xy.dtype}")
             rows.append(row)
             keypoints.append(xy)
-        missing = len(self.ids) - len(rows)
-        if missing:
-            message = (f"{missing} of the {len(self.ids)} instances of {self.ann_file} have no prediction; "
-                       f"PCK, AUC and EPE are computed over the {len(rows)} predicted ones (as MMPose would)")
-            warnings.warn(message, stacklevel=3)
-            log.warning(message)
+        note_missing(len(self.ids) - len(rows), len(self.ids), f"instances of {self.ann_file}",
+                     f"PCK, AUC and EPE are computed over the {len(rows)} predicted ones", log)
         return (np.asarray(rows, np.int64),
                 np.stack(keypoints) if keypoints else np.zeros((0, self.num_keypoints, 2), np.float32))
 
@@ -159,13 +155,8 @@ class PCKEvaluator:
         rows, predicted = self._stack(predictions)
         if len(rows) == 0:
             raise PredictionError(f"no predictions to evaluate against {self.ann_file}")
-        self.last_nonfinite = int((~np.isfinite(predicted.reshape(len(predicted), -1))).any(axis=1).sum())
-        if self.last_nonfinite:
-            # NaN is never below a threshold (those keypoints are wrong) and makes the EPE NaN, as in MMPose.
-            message = (f"{self.last_nonfinite} of {len(predicted)} predictions have non-finite keypoints "
-                       f"(a diverged or broken model?): wrong for PCK and AUC, EPE is NaN")
-            warnings.warn(message, stacklevel=2)
-            log.warning(message)
+        # NaN is never below a threshold (those keypoints are wrong) and makes the EPE NaN, as in MMPose.
+        self.last_nonfinite = count_nonfinite(predicted, "wrong for PCK and AUC, EPE is NaN", log)
         gt, mask = self.keypoints[rows], self.mask[rows]
         sizes = self.box_sizes[rows]
         norm = np.stack([sizes, sizes], axis=1)  # float32: MMPose's [bbox_size, bbox_size]

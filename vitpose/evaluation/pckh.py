@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -30,6 +29,7 @@ import numpy as np
 
 from vitpose.evaluation.coco_evaluator import GroundTruthError, PredictionError
 from vitpose.evaluation.matfile import read_mat_arrays
+from vitpose.evaluation.predictions import count_nonfinite, note_missing
 from vitpose.files import write_atomic
 
 log = logging.getLogger(__name__)
@@ -156,12 +156,8 @@ class PCKhEvaluator:
                                       f"expected ({NUM_JOINTS}, 2): MPII has {NUM_JOINTS} joints")
             indices.append(int(index))
             keypoints.append(xy)
-        missing = len(self.joints) - len(seen)
-        if missing:
-            message = (f"{missing} of the {len(self.joints)} annotations of {self.ann_file} have no prediction; "
-                       f"PCKh is computed over the {len(seen)} predicted ones (as MMPose would)")
-            warnings.warn(message, stacklevel=3)
-            log.warning(message)
+        note_missing(len(self.joints) - len(seen), len(self.joints), f"annotations of {self.ann_file}",
+                     f"PCKh is computed over the {len(seen)} predicted ones", log)
         return np.asarray(indices, np.int64), np.stack(keypoints) if keypoints else np.zeros((0, NUM_JOINTS, 2))
 
     def evaluate(self, predictions: Sequence[dict]) -> dict[str, float]:
@@ -169,13 +165,8 @@ class PCKhEvaluator:
         indices, keypoints = self._stack(predictions)
         if len(indices) == 0:
             raise PredictionError(f"no predictions to evaluate against {self.ann_file}")
-        self.last_nonfinite = int((~np.isfinite(keypoints.reshape(len(keypoints), -1))).any(axis=1).sum())
-        if self.last_nonfinite:
-            # NaN distances compare as "not below the threshold": those joints count as wrong.
-            message = (f"{self.last_nonfinite} of {len(keypoints)} predictions have non-finite keypoints "
-                       f"(a diverged or broken model?): their joints count as wrong")
-            warnings.warn(message, stacklevel=2)
-            log.warning(message)
+        # NaN distances compare as "not below the threshold": those joints count as wrong.
+        self.last_nonfinite = count_nonfinite(keypoints, "their joints count as wrong", log)
         predicted = keypoints + 1.0  # MPII's ground truth is 1-based (MATLAB)
         gt, visible, head = self.joints[indices], self.visible[indices], self.head_sizes[indices]
         distances = normalised_distances(predicted, gt, visible, head)

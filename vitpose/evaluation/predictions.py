@@ -10,6 +10,8 @@ id and field) and stacks them into columns (`PredictionArrays`); `save_predictio
 from __future__ import annotations
 
 import json
+import logging
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,3 +182,24 @@ def load_predictions(path) -> list[dict]:
             if isinstance(pred, dict) and key in pred:
                 pred[key] = np.asarray(pred[key], dtype=np.float32 if key == "keypoint_scores" else np.float64)
     return data
+
+
+def count_nonfinite(keypoints: np.ndarray, consequence: str, logger: logging.Logger) -> int:
+    """How many of the predictions (N, K, 2) have a non-finite keypoint; when any, one warning (and
+    one line in `logger`) says so and what follows for the metric (`consequence`)."""
+    count = int((~np.isfinite(keypoints.reshape(len(keypoints), -1))).any(axis=1).sum())
+    if count:
+        message = (f"{count} of {len(keypoints)} predictions have non-finite keypoints (a diverged or broken "
+                   f"model?): {consequence}")
+        warnings.warn(message, stacklevel=3)
+        logger.warning(message)
+    return count
+
+
+def note_missing(missing: int, total: int, things: str, computed: str, logger: logging.Logger) -> None:
+    """One warning (and one line in `logger`) when `missing` of the `total` `things` have no
+    prediction; `computed` says what the metric is then computed over."""
+    if missing:
+        message = f"{missing} of the {total} {things} have no prediction; {computed} (as MMPose would)"
+        warnings.warn(message, stacklevel=4)
+        logger.warning(message)

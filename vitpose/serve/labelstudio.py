@@ -59,12 +59,15 @@ class RequestError(UserError):
 class LabellingNames:
     """The names a prediction's regions carry (`to_labelstudio_tasks`' keywords) and the task data key."""
 
+    # Names in the labelling config: the KeyPointLabels control and its values (empty: the model's
+    # keypoint names), the RectangleLabels control and the label of a person's rectangle, the Image
+    # object, and the task data field of the image's URL.
     keypoint_control: str = "keypoints"
-    box_control: str = "person"
-    image_object: str = "image"
-    box_label: str = "person"
-    data_key: str = "image"
     keypoint_labels: tuple[str, ...] = ()
+    box_control: str = "person"
+    box_label: str = "person"
+    image_object: str = "image"
+    data_key: str = "image"
 
     def writer_names(self) -> dict:
         return {"keypoint_control": self.keypoint_control, "box_control": self.box_control,
