@@ -155,8 +155,7 @@ def _run(command: str, argv: list[str], capsys) -> tuple[int, str]:
         except SystemExit as e:  # argparse's own refusal of the command line
             code = e.code
         return code, capsys.readouterr().err
-    if command == "predict-ray":
-        pytest.importorskip("ray.data", reason="Ray Data is not installed (pip install 'vitpose[ray]')")
+    # predict-ray needs no Ray here: the model's flags are refused in the driver, before Ray starts
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
     try:
@@ -170,11 +169,11 @@ def _run(command: str, argv: list[str], capsys) -> tuple[int, str]:
 
 
 def _cases():
+    """Every command with every mistake it can make (NO_SUCH_FLAG says why the others cannot)."""
     for command in COMMANDS:
         for mistake in MISTAKES:
-            why = NO_SUCH_FLAG.get((command, mistake))
-            marks = [pytest.mark.skip(reason=why)] if why else []
-            yield pytest.param(command, mistake, id=f"{command}-{mistake}", marks=marks)
+            if (command, mistake) not in NO_SUCH_FLAG:
+                yield pytest.param(command, mistake, id=f"{command}-{mistake}")
 
 
 @pytest.mark.parametrize("command, mistake", list(_cases()))
