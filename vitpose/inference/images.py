@@ -15,10 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from vitpose.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from vitpose.inference.pipeline import image_ids
 from vitpose.inference.records import image_records
-from vitpose.inference.runner import Failures, PredictOptions, predict_chunk
+from vitpose.inference.runner import Item, PredictOptions, RunSummary, predict_units
 from vitpose.inference.writers import ResultsFile
 
 __all__ = ["CHUNK_PIXELS", "drawing_names", "open_results", "output_names", "predict_images"]
@@ -70,60 +69,72 @@ def _holds_colour(suffix: str) -> bool:
 
 
 class _ImageRun:
-    """The outputs and tallies of one run over image files."""
+    """The outputs of one run over image files: the results writer, the drawings, the items."""
 
     def __init__(self, predictor, options: PredictOptions, names: list[str], plan=None):
         self.predictor, self.options = predictor, options
-        self.ids, _ = image_ids(names)
+        self.ids = dict(zip(names, image_ids(names)[0]))
         self.results = open_results(options, predictor, plan)
-        self.failures = Failures()
-        self.people = self.nobody = self.done = 0
+        self.summary = RunSummary("images")
         self.skeleton = getattr(predictor, "skeleton", None)
         self.drawing_of = dict(zip(names, drawing_names(names))) if options.out is not None else {}
         self.renamed = sorted(name for name, drawn in self.drawing_of.items() if drawn != name)
         self.exif_noted = False
 
-    def note_exif_orientation(self, paths, images) -> None:
+    def items(self, paths: list[Path], names: list[str], todo: list[int], progress, note_exif: bool):
+        """The images to do, decoded as the runner takes them (an unreadable one is counted and skipped)."""
+        from vitpose.data.errors import DataError
+        from vitpose.data.image_io import load_image
+
+        for i in todo:
+            progress.update(1)
+            try:
+                with self.predictor.timer.stage("decode"):
+                    image = load_image(paths[i])[0]  # BGR; missing, empty, truncated and oversized files raise
+            except DataError as e:
+                self.summary.failures.note(str(e))
+                continue
+            if note_exif and not self.exif_noted:
+                self.note_exif_orientation(paths[i], image)
+            yield Item(names[i], names[i], image)
+
+    def note_exif_orientation(self, path, image) -> None:
         """With --boxes, one note for the first image that has an EXIF orientation: OpenCV decodes
         it turned or mirrored upright, and its boxes are taken in that frame."""
         from vitpose.data.image_io import exif_orientation
 
-        if self.exif_noted:
-            return
-        for path, image in zip(paths, images):
-            orientation = exif_orientation(path)
-            if orientation != 1:
-                self.exif_noted = True
-                print(f"vitpose predict: note: {path} has EXIF orientation {orientation}: it is decoded turned "
-                      f"upright ({image.shape[1]}x{image.shape[0]}, as a viewer shows it) and --boxes are taken "
-                      f"in that frame, not the stored pixels' (noted for the first such image only)",
-                      file=sys.stderr)
-                return
+        orientation = exif_orientation(path)
+        if orientation != 1:
+            self.exif_noted = True
+            print(f"vitpose predict: note: {path} has EXIF orientation {orientation}: it is decoded turned "
+                  f"upright ({image.shape[1]}x{image.shape[0]}, as a viewer shows it) and --boxes are taken "
+                  f"in that frame, not the stored pixels' (noted for the first such image only)", file=sys.stderr)
 
-    def output(self, name: str, image_id: int, image, poses) -> None:
+    def finish(self, item: Item, poses) -> tuple[list[dict], int]:
+        """An image's records (for the results file) and its drawing."""
+        records, nonfinite = [], 0
+        if self.results is not None:
+            with self.predictor.timer.stage("write"):
+                # the pre-annotation formats need the size; `vitpose serve` answers with the same records
+                size = item.image.shape[:2] if self.options.format != "coco" else None
+                records, nonfinite = image_records(poses, item.label, self.ids[item.label], size)
+        if self.options.out is not None:
+            self.draw(item, poses)
+        return records, nonfinite
+
+    def draw(self, item: Item, poses) -> None:
         from vitpose.files import write_image
         from vitpose.inference.draw import draw_people
 
         timer = self.predictor.timer
-        if self.results is not None:
-            with timer.stage("write"):
-                # the pre-annotation formats need the size; `vitpose serve` answers with the same records
-                with_size = self.options.format != "coco"
-                records, nonfinite = image_records(poses, name, image_id, image.shape[:2] if with_size else None)
-                self.results.write(records, nonfinite, unit=name)
-        people = len(poses)
-        self.people += people
-        self.nobody += people == 0
-        self.done += 1
-        if self.options.out is not None:
-            with timer.stage("draw"):
-                canvas = draw_people(image, poses, self.skeleton, self.options.keypoint_threshold, "bgr")
-            drawn = Path(self.options.out) / self.drawing_of.get(name, name)
-            with timer.stage("write"):
-                try:  # through a numpy buffer and the atomic writer: any file name the OS allows
-                    write_image(drawn, canvas)
-                except (OSError, ValueError) as e:
-                    self.failures.note(f"{name}: could not write {drawn} ({e})")
+        with timer.stage("draw"):
+            canvas = draw_people(item.image, poses, self.skeleton, self.options.keypoint_threshold, "bgr")
+        drawn = Path(self.options.out) / self.drawing_of.get(item.label, item.label)
+        with timer.stage("write"):
+            try:  # through a numpy buffer and the atomic writer: any file name the OS allows
+                write_image(drawn, canvas)
+            except (OSError, ValueError) as e:
+                self.summary.failures.note(f"{item.label}: could not write {drawn} ({e})")
 
 
 # Decoded pixels held at once by one chunk of images (50 MP: 150 MB as BGR): a chunk ends at
@@ -133,33 +144,10 @@ class _ImageRun:
 CHUNK_PIXELS = 50_000_000
 
 
-def _decode_chunk(queue, paths: list[Path], batch_images: int, failures: Failures):
-    """The next images of `queue` (indices into `paths`), decoded, up to `batch_images` images or
-    CHUNK_PIXELS pixels -> (indices, BGR images, how many were taken incl. failures)."""
-    from vitpose.data.errors import DataError
-    from vitpose.data.image_io import load_image
-
-    chunk, images, taken, pixels = [], [], 0, 0
-    while len(chunk) < batch_images and pixels < CHUNK_PIXELS:
-        i = next(queue, None)
-        if i is None:
-            break
-        taken += 1
-        try:
-            image = load_image(paths[i])[0]  # BGR; missing, empty, truncated and oversized files raise
-        except DataError as e:
-            failures.note(str(e))
-            continue
-        chunk.append(i)
-        images.append(image)
-        pixels += image.shape[0] * image.shape[1]
-    return chunk, images, taken
-
-
 def predict_images(predictor, paths: list[Path], options: PredictOptions, boxes=(None, None), stop=None,
                    plan=None) -> int:
-    """Poses of image files, `options.batch_images` at a time; results, drawings and the summary.
-    plan: a sharded run's `ShardPlan` (its shard file is the results file)."""
+    """Poses of image files, `options.batch_images` at a time (`predict_units`); results,
+    drawings and the summary. plan: a sharded run's `ShardPlan` (its shard file is the results file)."""
     from tqdm import tqdm
 
     predictor.timer.reset()
@@ -167,38 +155,25 @@ def predict_images(predictor, paths: list[Path], options: PredictOptions, boxes=
     state = _ImageRun(predictor, options, names, plan)
     table, key = boxes if boxes is not None else (None, None)
     todo = [i for i, name in enumerate(names) if state.results is None or name not in state.results.done]
+    lookup = None
     if table is not None:
-        _note_unused(table, key, names, state.ids)
+        _note_unused(table, key, names, list(state.ids.values()))
+        lookup = _box_lookup(table, key, state.ids)
     if options.out is not None:
         Path(options.out).mkdir(parents=True, exist_ok=True)
-    interrupted = False
+    event = getattr(stop, "event", stop)
+    summary = state.summary
+    summary.skipped = len(paths) - len(todo)
     try:
         with tqdm(total=len(todo), unit="img", desc="predict", dynamic_ncols=True, file=sys.stderr) as bar:
-            queue = iter(todo)
-            while not interrupted:
-                if stop is not None and stop.event.is_set():
-                    interrupted = True
-                    break
-                with predictor.timer.stage("decode"):
-                    chunk, images, taken = _decode_chunk(queue, paths, options.batch_images, state.failures)
-                if not taken:
-                    break
-                lookup = None
-                if table is not None:
-                    state.note_exif_orientation([paths[i] for i in chunk], images)
-                    lookup = _box_lookup(table, key, dict(zip(names, state.ids)))
-                found = predict_chunk(predictor, images, None, [names[i] for i in chunk], state.failures,
-                                      box_lookup=lookup)
-                for i, image, poses in zip(chunk, images, found):
-                    if poses is not None:
-                        state.output(names[i], state.ids[i], image, poses)
-                bar.update(taken)
+            items = state.items(paths, names, todo, bar, note_exif=table is not None)
+            predict_units(predictor, items, state.results, state.finish, event, batch=options.batch_images,
+                          max_pixels=CHUNK_PIXELS, box_lookup=lookup, summary=summary)
     finally:
-        where = _close_results(state, completed=not interrupted)
-    print_summary(state, len(paths) - len(todo), where, interrupted, stop)
-    if interrupted:
-        return EXIT_INTERRUPTED
-    return EXIT_FAILED if state.failures else EXIT_OK
+        summary.interrupted = event is not None and event.is_set()
+        where = _close_results(state, completed=not summary.interrupted)
+    summary.signal_name = getattr(stop, "signal_name", None)
+    return print_summary(state, where)
 
 
 def open_results(options: PredictOptions, predictor, plan=None):
@@ -239,29 +214,21 @@ def _close_results(state: _ImageRun, completed: bool):
         return None
     with state.predictor.timer.stage("write"):
         # a run in which every image failed replaces nothing
-        return state.results.close(completed and (state.done > 0 or not state.failures))
+        return state.results.close(completed and (state.summary.items > 0 or not state.summary.failures))
 
 
-def print_summary(state: _ImageRun, resumed: int, json_path, interrupted: bool, stop) -> None:
+def print_summary(state: _ImageRun, where) -> int:
+    """The run's closing lines (`RunSummary.report`, with the stage timings and the notes of images) -> its status."""
     from vitpose.files import STDOUT
 
     timer = state.predictor.timer
     timer.seconds = timer.ordered(STAGES)
-    # with --json /dev/stdout the results own stdout: the summary goes to stderr
-    report = sys.stderr if state.results is not None and state.results.stream == STDOUT else sys.stdout
-    print(f"{state.done} images, {state.people} people"
-          + (f", {state.nobody} images with nobody found" if state.nobody else "")
-          + (f" ({resumed} already in {state.options.json}, skipped)" if resumed else ""), file=report)
-    print(timer.summary(state.done, "image"), file=report)
-    written = [str(p) for p in (state.options.out, json_path) if p is not None]
-    if written:
-        print("written: " + ", ".join(written), file=report)
+    lines = [timer.summary(state.summary.items, "image")]
     if getattr(state.options.model, "precision", "auto") == "auto":
         from vitpose.device import auto_precision_reason
 
         reason = auto_precision_reason()  # set where a CPU's bf16 was timed (the figure behind the choice)
-        if reason:
-            print(reason, file=report)
+        lines += [reason] if reason else []
     if state.renamed:
         print(f"vitpose predict: note: {len(state.renamed)} images are in a format that cannot hold a colour "
               f"picture; drawn as PNG: {state.renamed[0]} -> {state.drawing_of[state.renamed[0]]}"
@@ -269,12 +236,7 @@ def print_summary(state: _ImageRun, resumed: int, json_path, interrupted: bool, 
     if state.results is not None and state.results.nonfinite:
         print(f"vitpose predict: warning: {state.results.nonfinite} keypoint or score values were not finite "
               f"and are written as null", file=sys.stderr)
-    if interrupted:
-        why = stop.signal_name if stop is not None and stop.signal_name else "the user"
-        if json_path is not None and Path(json_path) != Path(state.options.json):
-            hint = (f"; {state.options.json} is unchanged, this run's results so far are in {json_path} (run again "
-                    f"with --resume to finish them)")
-        else:
-            hint = "; run again with --resume to finish --json" if state.options.json is not None else ""
-        print(f"vitpose predict: interrupted by {why} after {state.done} images{hint}", file=sys.stderr)
-    state.failures.report("images skipped (missing, unreadable or failed) or not written")
+    # with --json /dev/stdout the results own stdout: the summary goes to stderr
+    out = sys.stderr if state.results is not None and state.results.stream == STDOUT else sys.stdout
+    written = [p for p in (state.options.out, where) if p is not None]
+    return state.summary.report(where, json=state.options.json, written=written, out=out, lines=lines)

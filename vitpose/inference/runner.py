@@ -13,19 +13,26 @@ that item alone, and say which failed and why. That rule lives here once:
   (the server answers each request with its own). An error that is not the user's (not a
   `UserError`) may be a bug: its traceback is printed once, so a bug is never only "an input
   failed".
+- `predict_units(predictor, items, writer, finish, ...) -> RunSummary`: the one runner of work
+  units (the images of `vitpose predict`, the segments of a video): `Item`s of consecutive units in
+  chunks through `predict_chunk`, each unit's records one unit of the writer (`begin` at its first
+  prediction, `add` per item, `end` after its last item), so a stopped or failed run keeps every
+  complete unit and `--resume` does the rest. `RunSummary`: the counts, the failures, the exit
+  status and the one printer of a run's closing lines.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import traceback
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from vitpose.errors import UserError
+from vitpose.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, UserError
 
-__all__ = ["Failures", "PredictOptions", "predict_chunk"]
+__all__ = ["Failures", "Item", "PredictOptions", "RunSummary", "predict_chunk", "predict_units"]
 
 
 @dataclass(frozen=True)
@@ -156,3 +163,125 @@ def predict_chunk(predictor, images: Sequence, boxes: Sequence | None, labels: S
     return [predict_chunk(predictor, [image], [b] if given is not None else None, [label], failures,
                           channels=channels, box_format=box_format)[0]
             for image, b, label in zip(images, per_item, labels)]
+
+
+# ---------------------------------------------------------------------------------------------
+# The runner of work units
+
+
+@dataclass
+class Item:
+    """One image of a unit of work: `unit` (what the writer's `begin` takes: an image's name, a
+    video segment's `WorkUnit`), `label` (how failures and `--boxes` name it: a file name, `frame 12`),
+    the BGR pixels, a frame's `index`, and whether it is its unit's `last` item."""
+
+    unit: object
+    label: str
+    image: object
+    index: int | None = None
+    last: bool = True
+
+
+@dataclass
+class RunSummary:
+    """What a run did: `items` predicted (images, frames), `people`, `nobody` (items with nobody),
+    `units` completed, `skipped` (units already in the results, `--resume`), the `failures`, and
+    whether it was `interrupted` (by `signal_name`)."""
+
+    noun: str = "images"
+    items: int = 0
+    people: int = 0
+    nobody: int = 0
+    failures: Failures = field(default_factory=Failures)
+    units: int = 0
+    skipped: int = 0
+    interrupted: bool = False
+    signal_name: str | None = None
+
+    @property
+    def exit_status(self) -> int:
+        """0 done, 1 some items failed (each listed), 130 interrupted (`--resume` finishes it)."""
+        if self.interrupted:
+            return EXIT_INTERRUPTED
+        return EXIT_FAILED if self.failures else EXIT_OK
+
+    def report(self, where=None, *, detail: str = "", json=None, written=(), out=None, lines=()) -> int:
+        """The closing lines of a run (the one printer of `vitpose predict`'s images, segments and
+        Ray runs) -> its exit status. where: the results file as closed (a `.partial` beside `json`
+        when the run did not complete); detail: after the people (" in 3 segments"); written: the
+        outputs; lines: more lines for `out` (the stage timings, a precision's reason)."""
+        out = out or sys.stdout
+        print(f"{self.items} {self.noun}, {self.people} people{detail}"
+              + (f", {self.nobody} {self.noun} with nobody found" if self.nobody else "")
+              + (f" ({self.skipped} already in {json or where}, skipped)" if self.skipped else ""), file=out)
+        for line in lines:
+            print(line, file=out)
+        if written:
+            print("written: " + ", ".join(str(p) for p in written), file=out)
+        if self.interrupted:
+            print(f"vitpose predict: interrupted by {self.signal_name or 'the user'} after {self.items} {self.noun}"
+                  f"{_resume_hint(where, json)}", file=sys.stderr)
+        self.failures.report(f"{self.noun} skipped (missing, unreadable or failed) or not written")
+        return self.exit_status
+
+
+def _resume_hint(where, json) -> str:
+    if json is None:
+        return ""
+    if where is not None and Path(where) != Path(json):
+        return (f"; {json} is unchanged, this run's results so far are in {where} (run again with --resume to "
+                f"finish them)")
+    return f"; run again with --resume to finish {json}"
+
+
+def _chunks(items: Iterable[Item], batch: int, max_pixels: int | None, stop) -> Iterator[list[Item]]:
+    """Consecutive items, `batch` at a time or fewer when their pixels reach `max_pixels`; none
+    once `stop` is set (the items in hand are finished first)."""
+    chunk, pixels = [], 0
+    for item in items:
+        chunk.append(item)
+        pixels += item.image.shape[0] * item.image.shape[1]
+        if len(chunk) >= batch or (max_pixels is not None and pixels >= max_pixels):
+            yield chunk
+            chunk, pixels = [], 0
+            if stop is not None and stop.is_set():
+                return
+    if chunk and not (stop is not None and stop.is_set()):
+        yield chunk
+
+
+def predict_units(predictor, items: Iterable[Item], writer, finish: Callable, stop=None, *, batch: int = 8,
+                  max_pixels: int | None = None, box_lookup: Callable | None = None,
+                  summary: RunSummary | None = None) -> RunSummary:
+    """The items of consecutive units through the predictor, a chunk at a time (`predict_chunk`:
+    one bad item costs itself); for each prediction `finish(item, poses) -> (records, nonfinite)`
+    (tracking, drawing, the records) and the records added to the item's unit in `writer` (None:
+    no results file). A unit is ended after its last item when one of its items was predicted; a
+    stop (`stop`, a threading.Event) ends the run after the chunk in hand, its open unit not ended
+    (`--resume` does it again)."""
+    summary = summary if summary is not None else RunSummary()
+    timer = getattr(predictor, "timer", None)
+    open_unit = None
+    for chunk in _chunks(items, batch, max_pixels, stop):
+        found = predict_chunk(predictor, [item.image for item in chunk], None, [item.label for item in chunk],
+                              summary.failures, box_lookup=box_lookup)
+        for item, poses in zip(chunk, found):
+            if poses is not None:
+                if open_unit is None or open_unit != item.unit:
+                    open_unit = item.unit
+                    if writer is not None:
+                        writer.begin(item.unit)
+                records, nonfinite = finish(item, poses)
+                if writer is not None:
+                    with timer.stage("write") if timer is not None else contextlib.nullcontext():
+                        writer.add(records, nonfinite)
+                summary.items += 1
+                summary.people += len(poses)
+                summary.nobody += len(poses) == 0
+            if item.last and open_unit is not None and open_unit == item.unit:
+                if writer is not None:
+                    writer.end()
+                open_unit = None
+                summary.units += 1
+    summary.interrupted = summary.interrupted or (stop is not None and stop.is_set())
+    return summary

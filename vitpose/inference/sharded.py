@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import itertools
 import os
 import signal
 import subprocess
@@ -25,12 +24,11 @@ from pathlib import Path
 
 from vitpose.errors import EXIT_FAILED, EXIT_INTERRUPTED
 from vitpose.inference.pipeline import coco_records, image_ids, video_boxes
-from vitpose.inference.runner import Failures, PredictOptions, predict_chunk
+from vitpose.inference.runner import Item, PredictOptions, RunSummary, predict_units
 from vitpose.inference.units import (
     ShardError,
     ShardFile,
     WorkUnit,
-    finish_shard_run,
     image_units,
     parse_shard,
     segment_units,
@@ -151,52 +149,47 @@ def plan_segments(options: PredictOptions, video: Path) -> ShardPlan:
 # Video segments
 
 
-def _segment_frames(unit: WorkUnit, stop: threading.Event | None):
-    """(index, BGR frame) of the unit's range, read by the one frame reader (`FrameReader`: the
-    frames before the range are decoded and dropped, exact in every container)."""
-    reader = FrameReader(unit.path, stop=stop, start=unit.start, end=unit.stop)
-    for frame in reader:
-        yield frame.index, frame.bgr
+def _segment_items(units: list[WorkUnit], stop: threading.Event | None):
+    """The frames of the units' ranges as `Item`s, read by the one frame reader (`FrameReader`: the
+    frames before a range are decoded and dropped, exact in every container). A unit's last frame
+    is known once its reader ends by itself (not by a stop)."""
+    for unit in units:
+        previous = None
+        for frame in FrameReader(unit.path, stop=stop, start=unit.start, end=unit.stop):
+            if previous is not None:
+                yield previous
+            previous = Item(unit, f"frame {frame.index}", frame.bgr, frame.index, last=False)
+        if previous is not None:
+            previous.last = not (stop is not None and stop.is_set())
+            yield previous
 
 
 def predict_segments(predictor, plan: ShardPlan, options: PredictOptions, stop: threading.Event | None = None) -> int:
-    """This shard's segments; returns the exit status (0, 1 some frames failed, 130 interrupted)."""
+    """This shard's segments (`predict_units`, each segment its own tracker); returns the exit
+    status (0, 1 some frames failed, 130 interrupted)."""
     from vitpose.inference.tracking import Tracker
 
     results = plan.results_file()
     table, key = video_boxes(options.boxes)
     lookup = None if table is None else lambda label, size: table.lookup(key, int(label.split()[-1]), size)
-    batch = max(1, int(options.batch_images or 8))
     todo = [u for u in plan.mine if u.id not in results.done_units]
-    failures = Failures()
-    frames = people = 0
-    interrupted = False
+    trackers: dict[str, Tracker] = {}
+
+    def finish(item, poses):
+        poses.frame = item.index
+        if options.track:  # each segment its own; merge joins the ids
+            tracker = trackers.setdefault(item.unit.id, Tracker())
+            poses.track_ids = tracker.update(poses.boxes, poses.keypoints, poses.keypoint_scores, frame=poses.frame,
+                                             follows=poses.follows)
+        return coco_records(poses)
+
+    summary = RunSummary("frames", skipped=len(plan.mine) - len(todo))
     try:
-        for unit in todo:
-            tracker = Tracker() if options.track else None  # each segment its own; merge joins the ids
-            results.begin(unit)
-            source = _segment_frames(unit, stop)
-            while chunk := list(itertools.islice(source, batch)):
-                found = predict_chunk(predictor, [bgr for _, bgr in chunk], None, [f"frame {i}" for i, _ in chunk],
-                                      failures, box_lookup=lookup)
-                for (index, _), poses in zip(chunk, found):
-                    if poses is None:
-                        continue
-                    poses.frame = index
-                    if tracker is not None:
-                        poses.track_ids = tracker.update(poses.boxes, poses.keypoints, poses.keypoint_scores,
-                                                         frame=poses.frame, follows=poses.follows)
-                    results.add(*coco_records(poses))
-                    frames += 1
-                    people += len(poses)
-            if stop is not None and stop.is_set():
-                interrupted = True
-                break
-            results.end()
+        predict_units(predictor, _segment_items(todo, stop), results, finish, stop,
+                      batch=max(1, int(options.batch_images or 8)), box_lookup=lookup, summary=summary)
     finally:
-        where = results.close(completed=not interrupted)
-    return finish_shard_run(f"{frames} frames, {people} people in {len(todo)} segments", where,
-                            len(plan.mine) - len(todo), interrupted, failures.lines, "frames")
+        where = results.close(completed=not (stop is not None and stop.is_set()))
+    return summary.report(where, detail=f" in {len(todo)} segments", written=[where])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vitpose.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, UserError
+from vitpose.errors import UserError
 from vitpose.files import create_exclusive, write_atomic
 from vitpose.inference.writers import PARTIAL_SUFFIX, ResultsFile
 
@@ -519,21 +519,3 @@ def keypoints_array(records: list[dict]) -> np.ndarray:
     """(R, K, 3) of the records' keypoints (None as NaN), for comparisons."""
     return np.asarray([[np.nan if v is None else v for v in r["keypoints"]] for r in records], np.float64
                       ).reshape(len(records), -1, 3)
-
-
-def finish_shard_run(summary: str, where, skipped: int, interrupted: bool, failed: list[str], noun: str) -> int:
-    """The closing lines of a shard run (`--segment`'s videos, `--engine ray`) and its exit status:
-    0 done, 1 some `noun` failed (the first 20 listed), 130 interrupted (`--resume` finishes it)."""
-    import sys
-
-    print(summary + (f" ({skipped} already in {where}, skipped)" if skipped else ""))
-    print(f"written: {where}")
-    if interrupted:
-        print(f"vitpose predict: interrupted; run again with --resume to finish {where}", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    if failed:
-        print(f"vitpose predict: {len(failed)} {noun} failed:", file=sys.stderr)
-        for why in failed[:20]:
-            print(f"  {why}", file=sys.stderr)
-        return EXIT_FAILED
-    return EXIT_OK

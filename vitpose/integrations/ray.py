@@ -39,8 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from vitpose.errors import MissingExtraError, UserError, missing_extra
-from vitpose.inference.runner import Failures, PredictOptions, predict_chunk
-from vitpose.inference.units import finish_shard_run
+from vitpose.inference.runner import Failures, PredictOptions, RunSummary, predict_chunk
 
 __all__ = ["PosePredictor", "actor_resources", "predict_with_ray"]
 
@@ -218,9 +217,7 @@ def predict_with_ray(options: PredictOptions, plan, boxes) -> int:
     kwargs = {"model": model.model, **model.kwargs(), "rows": "image", "threads": max(1, int(resources.get("num_cpus", 1)))}
     if kwargs["detector"] == "none":  # every unit carries its boxes
         kwargs["detector"] = None
-    done = people = 0
-    failed: list[str] = []
-    interrupted = False
+    summary = RunSummary("images", skipped=len(plan.mine) - len(items))
     try:
         if items:
             ds = ray.data.from_items(items).map_batches(PosePredictor, fn_constructor_kwargs=kwargs,
@@ -229,17 +226,16 @@ def predict_with_ray(options: PredictOptions, plan, boxes) -> int:
             for row in ds.iter_rows():
                 name = Path(row["path"]).name
                 if row["error"]:
-                    failed.append(f"{name}: {row['error']}")
+                    summary.failures.note(f"{name}: {row['error']}")
                     continue
                 records = json.loads(row["records"])
-                results.begin(name)
-                results.add(records)
-                results.end()
-                done += 1
-                people += len(records)
+                results.write(records, unit=name)  # the image's unit, whole
+                summary.items += 1
+                summary.units += 1
+                summary.people += len(records)
+                summary.nobody += not records
     except KeyboardInterrupt:
-        interrupted = True
+        summary.interrupted = True
     finally:
-        where = results.close(completed=not interrupted)
-    return finish_shard_run(f"{done} images, {people} people (ray, {workers} workers)", where,
-                            len(plan.mine) - len(items), interrupted, failed, "images")
+        where = results.close(completed=not summary.interrupted)
+    return summary.report(where, detail=f" (ray, {workers} workers)", written=[where])
