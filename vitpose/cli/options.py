@@ -91,9 +91,8 @@ def model_options(args: argparse.Namespace, *, batch_size: int | None = None):
     if detector is None:
         detector = "none" if getattr(args, "boxes", None) is not None else "default"
     threshold = getattr(args, "detector_threshold", None)
-    check_number("--detector-threshold", threshold, 0.0, 1.0)
     batch = batch_size if batch_size is not None else getattr(args, "batch_size", None)
-    check_number("--batch-size", batch, 1)
+    check_numbers(("--detector-threshold", threshold, 0.0, 1.0), ("--batch-size", batch, 1, None))
     classes = getattr(args, "det_classes", None)
     return ModelOptions(model=str(args.model), config=args.config, device=args.device, precision=args.precision,
                         detector=detector, flip_test=not getattr(args, "no_flip", False), batch_size=batch,
@@ -120,13 +119,15 @@ def open_model(options, *, views: bool = False):
     return predictor
 
 
-def check_number(flag: str, value, low=None, high=None, note: str = "") -> None:
-    """A numeric flag inside its range (None: not given), else one line naming it:
-    `--flag must be >= LOW` or `--flag must be in [LOW, HIGH]`, with `note` after the bound."""
+def check_numbers(*rules) -> None:
+    """Numeric flags inside their ranges, each rule `(flag, value, low, high[, note])` (None: no
+    bound; a value None: not given); the first outside is one line naming it: `--flag must be >= LOW`
+    or `--flag must be in [LOW, HIGH]`, with the note after the bound."""
     from vitpose.errors import UsageError
 
-    if value is None or (low is None or value >= low) and (high is None or value <= high):
-        return
-    bound = f"in [{low:g}, {high:g}]" if low is not None and high is not None else (
-        f">= {low}" if low is not None else f"<= {high}")
-    raise UsageError(f"{flag} must be {bound}{note}, got {value}")
+    for flag, value, low, high, *note in rules:
+        if value is None or (low is None or value >= low) and (high is None or value <= high):
+            continue
+        bound = f"in [{low:g}, {high:g}]" if low is not None and high is not None else (
+            f">= {low}" if low is not None else f"<= {high}")
+        raise UsageError(f"{flag} must be {bound}{''.join(note)}, got {value}")

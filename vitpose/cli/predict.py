@@ -41,7 +41,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vitpose.cli.options import add_model_arguments, check_number, model_options, open_model
+from vitpose.cli.options import add_model_arguments, check_numbers, model_options, open_model
 from vitpose.errors import UsageError
 from vitpose.inference.dispatch import check_outputs, read_boxes  # noqa: F401 - public here too
 from vitpose.inference.images import drawing_names, output_names, predict_images  # noqa: F401 - public here too
@@ -131,9 +131,9 @@ def predict_options(args) -> PredictOptions:
 
 
 def _check_flags(args) -> None:
-    check_number("--batch-images", args.batch_images, 1)
-    check_number("--det-every", args.det_every, 1, note=" (1 = the detector on every frame)")
-    check_number("--keypoint-threshold", args.keypoint_threshold, 0.0, 1.0)
+    check_numbers(("--batch-images", args.batch_images, 1, None),
+                  ("--det-every", args.det_every, 1, None, " (1 = the detector on every frame)"),
+                  ("--keypoint-threshold", args.keypoint_threshold, 0.0, 1.0))
     if args.format != "coco" and args.json is None:
         raise UsageError(f"--format {args.format} writes pre-annotations to --json FILE; give --json")
     if args.format != "coco" and args.resume:

@@ -26,7 +26,7 @@ import json
 import sys
 from pathlib import Path
 
-from vitpose.cli.options import add_model_arguments, check_number, model_options, open_model
+from vitpose.cli.options import add_model_arguments, check_numbers, model_options, open_model
 from vitpose.errors import EXIT_INTERRUPTED, EXIT_OK, UsageError
 
 FORMATS = ("labelstudio", "cvat", "coco")
@@ -69,9 +69,8 @@ def check_flags(args):
     from vitpose.files import check_output
     from vitpose.inference.pipeline import classify_source
 
-    check_number("--count", args.count, 1)
-    check_number("--every", args.every, 1)
-    check_number("--diversity", args.diversity, 0.0, 1.0)
+    check_numbers(("--count", args.count, 1, None), ("--every", args.every, 1, None),
+                  ("--diversity", args.diversity, 0.0, 1.0))
     source = args.source.expanduser()
     if not source.exists():
         raise UsageError(f"SRC {source}: not found")

@@ -275,9 +275,10 @@ def predict_units(predictor, items: Iterable[Item], writer, finish: Callable, st
                 if writer is not None:
                     with timer.stage("write") if timer is not None else contextlib.nullcontext():
                         writer.add(records, nonfinite)
+                people = len(poses)
                 summary.items += 1
-                summary.people += len(poses)
-                summary.nobody += len(poses) == 0
+                summary.people += people
+                summary.nobody += people == 0
             if item.last and open_unit is not None and open_unit == item.unit:
                 if writer is not None:
                     writer.end()
