@@ -134,3 +134,25 @@ def test_a_full_disk_is_one_line_and_keeps_every_complete_unit(tmp_path, weights
         assert sorted(contents.units) == ["0.png", "1.png"] and contents.torn == 0
     else:
         assert sorted({r["file_name"] for r in records(out)}) == ["0.png", "1.png"]
+
+
+def test_open_predictor_is_the_one_door(weights, tmp_path):
+    """The public door: weights give a torch Predictor with the precision resolved once (its
+    autocast dtype), an exported file its runtime's predictor; the user's mistakes are one line each."""
+    from vitpose.errors import UsageError
+    from vitpose.inference.onnx import OnnxPredictor
+    from vitpose.inference.predictor import Predictor
+
+    torch_predictor = vitpose.open_predictor(str(weights), device="cpu", precision="fp32", detector="full-frame")
+    assert isinstance(torch_predictor, Predictor) and torch_predictor.amp_dtype is None
+    pytest.importorskip("onnxruntime")
+    from vitpose.inference.export import to_onnx
+
+    onnx_path = tmp_path / "tiny.onnx"
+    to_onnx(torch_predictor.model, onnx_path, codec=torch_predictor.codec, log=None)
+    assert isinstance(vitpose.open_predictor(str(onnx_path), detector=None), OnnxPredictor)
+    for kwargs, flag in ((dict(detector="typo"), "--detector"), (dict(precision="fp64"), "--precision"),
+                         (dict(device="tpu"), "--device"), (dict(det_classes=("zebraz",)), "--det-classes")):
+        with pytest.raises(UsageError) as refused:
+            vitpose.open_predictor(str(weights), **kwargs)
+        assert str(refused.value).startswith(flag) and "\n" not in str(refused.value), str(refused.value)
