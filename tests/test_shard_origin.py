@@ -209,3 +209,20 @@ def test_nproc_per_node_exits_1_when_a_shard_is_killed(tmp_path, two_models, cap
     assert "shard 1/2 was killed by SIGKILL" in err and "--shard 1/2 --resume" in err
     assert sharded.shards_status([0, -signal.SIGKILL], "d") == 1
     assert sharded.shards_status([-signal.SIGTERM, 0], "d") == 130
+
+
+@pytest.mark.parametrize("damage", ["id a list", "no file_name", "image_id a string"])
+def test_a_damaged_manifest_entry_is_one_line(tmp_path, capsys, damage):
+    shard_of(tmp_path, image_units(["a.png", "b.png"]), lambda u: [record(0.5)])
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    unit = manifest["units"][1]
+    if damage == "id a list":
+        unit["id"] = ["b.png"]
+    elif damage == "no file_name":
+        del unit["file_name"]
+    else:
+        unit["image_id"] = "x"
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    code, _, err = merge(tmp_path, tmp_path / "merged.jsonl", capsys)
+    line = one_error_line(err)
+    assert code == 2 and "manifest.json: unit [1]" in line, err
