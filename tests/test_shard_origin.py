@@ -226,3 +226,17 @@ def test_a_damaged_manifest_entry_is_one_line(tmp_path, capsys, damage):
     code, _, err = merge(tmp_path, tmp_path / "merged.jsonl", capsys)
     line = one_error_line(err)
     assert code == 2 and "manifest.json: unit [1]" in line, err
+
+
+def test_a_refused_resume_leaves_the_manifest_as_it_was(tmp_path, two_models, capsys):
+    write_images(tmp_path / "a", NAMES[:3], seed=0)
+    write_images(tmp_path / "b", NAMES[:3], seed=1)
+    shards = tmp_path / "shards"
+    assert predict([tmp_path / "a", "--model", two_models[0], *COMMON, "--shard", "0/1", "--json", shards], capsys)[0] == 0
+    manifest = (shards / "manifest.json").read_bytes()
+    code, _, err = predict([tmp_path / "b", "--model", two_models[0], *COMMON, "--shard", "0/1", "--json", shards,
+                            "--resume"], capsys)
+    assert code == 2 and "the source" in err and str(tmp_path / "b") in err, err
+    assert (shards / "manifest.json").read_bytes() == manifest
+    code, printed, err = merge(shards, tmp_path / "merged.jsonl", capsys)
+    assert code == 0 and "3 of 3 units complete" in printed, err

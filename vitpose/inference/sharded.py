@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -92,13 +93,17 @@ class ShardPlan:
     def results_file(self) -> ShardFile:
         """This shard's file, opened (continued with --resume; refused when it holds another model's
         or source's results); the manifest written beside it. A full disk: `ShardWriteError` (exit 1)."""
+        identity = model_identity(getattr(self.model, "model", None), getattr(self.model, "config", None))
+        # the shard file first: a --resume it refuses (another model or source) leaves the manifest as it was
+        results = ShardFile(self.json_path, self.shard, self.shards, self.mine, resume=self.resume,
+                            origin={**identity, "source": str(self.root)})
         try:
             write_manifest(self.json_path.parent, self.units, self.root)
         except OutputWriteError as e:
+            with contextlib.suppress(OSError):
+                results.close(completed=False)
             raise ShardWriteError(e.errno, e.strerror) from None
-        identity = model_identity(getattr(self.model, "model", None), getattr(self.model, "config", None))
-        return ShardFile(self.json_path, self.shard, self.shards, self.mine, resume=self.resume,
-                         origin={**identity, "source": str(self.root)})
+        return results
 
     @property
     def paths(self) -> list[Path]:

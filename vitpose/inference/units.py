@@ -23,7 +23,8 @@ Files, all in the `--json` directory (or beside the `--json` pattern's files):
   does again (`ShardFile`) and `merge_shards` ignores.
 
 `merge_shards(directory)` refuses shard files of different models or sources (one line naming
-both: the merged file would mix two models' poses, or two folders' images under one name), checks that every unit of the manifest is complete in some shard file
+both: the merged file would mix two models' poses, or two folders' images under one name), checks
+that every unit of the manifest is complete in some shard file
 (a unit complete in two files, e.g. after a rerun with another N, collapses to the first complete
 copy in file-name order; units missing are listed), puts the records in the manifest's order with
 the manifest's `file_name`/`image_id` (so the result equals one process's JSON Lines), and joins
@@ -54,9 +55,9 @@ from vitpose.inference.segment_join import JOIN_MIN_IOU, join_tracks  # noqa: F4
 from vitpose.inference.shard_origin import ORIGIN_KEYS, model_identity, origin_differences
 from vitpose.inference.writers import PARTIAL_SUFFIX, ResultsFile
 
-__all__ = ["MANIFEST_NAME", "Merged", "ShardFile", "WorkUnit", "join_tracks", "merge_shards", "parse_shard",
-           "model_identity", "read_manifest", "read_shard_file", "segment_units", "shard_file_path", "shard_from_environment",
-           "source_root", "unit_shard", "write_manifest"]
+__all__ = ["MANIFEST_NAME", "Merged", "ShardFile", "ShardWriteError", "WorkUnit", "join_tracks", "merge_shards",
+           "model_identity", "parse_shard", "read_manifest", "read_shard_file", "segment_units", "shard_file_path",
+           "shard_from_environment", "source_root", "unit_shard", "write_manifest"]
 
 MANIFEST_NAME = "manifest.json"
 HEADER_KEY = "vitpose_shard"
