@@ -52,8 +52,8 @@ def _process_device(device: str | torch.device, local_rank: int, launched: bool)
         device = f"cuda:{local_rank}"  # one GPU per process
     dev = resolve_device(device)
     if launched and dev.type == "cuda" and dev.index != local_rank:
-        raise ValueError(f"device {str(device)!r} conflicts with the launcher's local rank {local_rank}; "
-                         "use device 'cuda' or 'auto' under torchrun or srun")
+        raise LaunchError(f"train.device {str(device)!r} conflicts with the launcher's local rank {local_rank}; "
+                          "use device 'cuda' or 'auto' under torchrun or srun")
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     return dev
