@@ -168,6 +168,9 @@ class TrainConfig:
     tensorboard: bool = True
     # Fine-tuning: the backbone gets no updates during the first N epochs (only the head trains).
     freeze_backbone_epochs: int = 0
+    # Seconds a rank waits for the others to arrive at MASTER_ADDR:MASTER_PORT (null: the environment
+    # variable VITPOSE_RENDEZVOUS_TIMEOUT, else 600; vitpose.engine.rendezvous).
+    rendezvous_timeout: float | None = None
 
 
 @dataclass
@@ -377,6 +380,7 @@ _RANGES = [
     ("train.max_nonfinite", lambda v: v >= 1, "at least 1"),
     ("train.checkpoint_minutes", lambda v: v >= 0, ">= 0 (0: only at epoch ends)"),
     ("train.stop_at_iteration", lambda v: v is None or v >= 1, "at least 1 (or null)"),
+    ("train.rendezvous_timeout", lambda v: v is None or 0 < v < float("inf"), "> 0 seconds (or null)"),
     ("train.freeze_backbone_epochs", lambda v: v >= 0, ">= 0 (0: the backbone trains from the start)"),
     ("model.init_keypoint_map", lambda v: all(isinstance(k, str) and isinstance(t, str) for k, t in v.items()),
      "a mapping of keypoint names to keypoint names ({this skeleton's name: the source's name})"),

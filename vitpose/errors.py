@@ -21,7 +21,8 @@ EXIT_TERMINATED = 143  # vitpose train stopped by SIGTERM (128 + SIGTERM: timeou
 
 EXIT_STATUSES = (
     (EXIT_OK, "done"),
-    (EXIT_FAILED, "ran, but not everything succeeded: predict: some inputs failed; export: the exported file "
+    (EXIT_FAILED, "ran, but not everything succeeded: predict: some inputs failed, a sharded run's disk filled "
+                  "up or a shard died (--resume finishes it); export: the exported file "
                   "differs from PyTorch (nothing written); check-data: errors found"),
     (EXIT_USAGE, "an error that is yours to fix (flag, config, file): one line naming it and the fix; "
                  "nothing was done"),

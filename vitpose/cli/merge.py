@@ -9,7 +9,9 @@ several, after a retry or a rerun with another N, counts once); the records come
 manifest's order with the `image_id` and `file_name` one process would have given them, and a
 segmented video's track ids are joined across its segment borders (README, "Many GPUs, many
 machines"). When units are missing they are listed, nothing is written and the exit status is 1;
-run the shards that hold them again with --resume.
+run the shards that hold them again with --resume. Shard files of two models (the SHA-256 of the
+model file their first line records) or of two source folders are refused (exit 2): the merged
+file would mix their poses. What is not a regular file (a FIFO, a device) is passed over.
 """
 
 from __future__ import annotations

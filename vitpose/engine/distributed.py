@@ -2,7 +2,9 @@
 
 `init_distributed` reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT),
 or SLURM's (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID) when torchrun's is absent
-(`launch_environment`), and returns a `DistContext`; without torchrun it returns a single-process context and every
+(`launch_environment`; a variable that cannot be used is one line naming it, `LaunchError`), meets
+the other ranks (`vitpose.engine.rendezvous`: a printed timeout, SIGTERM / SIGINT heard while
+waiting) and returns a `DistContext`; without torchrun it returns a single-process context and every
 helper below is a no-op, so the trainer has one code path. The data loaders shard their
 samples by `ctx.rank` / `ctx.world_size`.
 
@@ -25,6 +27,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from vitpose.device import resolve_device
+from vitpose.engine import rendezvous
+from vitpose.engine.rendezvous import LaunchError
 from vitpose.models.wrappers import unwrap_model
 
 
@@ -48,8 +52,8 @@ def _process_device(device: str | torch.device, local_rank: int, launched: bool)
         device = f"cuda:{local_rank}"  # one GPU per process
     dev = resolve_device(device)
     if launched and dev.type == "cuda" and dev.index != local_rank:
-        raise ValueError(f"device {str(device)!r} conflicts with the launcher's local rank {local_rank}; "
-                         "use device 'cuda' or 'auto' under torchrun or srun")
+        raise LaunchError(f"train.device {str(device)!r} conflicts with the launcher's local rank {local_rank}; "
+                          "use device 'cuda' or 'auto' under torchrun or srun")
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     return dev
@@ -78,20 +82,25 @@ def launch_environment(environ=os.environ) -> LaunchEnvironment:
         value = environ.get(name)
         if value is None or value == "":
             return default
-        try:
-            return int(value)
-        except ValueError:
-            raise ValueError(f"environment variable {name}={value!r} is not a whole number") from None
+        text = value.strip()
+        if not text.isascii() or not text.isdigit():
+            raise LaunchError(f"environment variable {name}={value!r} is not a whole number")
+        return int(text)
+
+    def ranked(rank: int, world: int, names: tuple[str, str], local: int, launcher: str) -> LaunchEnvironment:
+        if world < 1:
+            raise LaunchError(f"environment variable {names[1]}={world} must be at least 1")
+        if rank >= world:
+            raise LaunchError(f"{names[0]}={rank} is not below {names[1]}={world} (ranks count from 0)")
+        return LaunchEnvironment(rank, world, local, launcher)
 
     if "RANK" in environ and "WORLD_SIZE" in environ:
         rank = number("RANK")
-        return LaunchEnvironment(rank, number("WORLD_SIZE"), number("LOCAL_RANK", rank), "torchrun")
+        return ranked(rank, number("WORLD_SIZE"), ("RANK", "WORLD_SIZE"), number("LOCAL_RANK", rank), "torchrun")
     tasks = number("SLURM_NTASKS", 1)
     if tasks > 1 and "SLURM_PROCID" in environ:
-        rank = number("SLURM_PROCID")
-        if not 0 <= rank < tasks:
-            raise ValueError(f"SLURM_PROCID={rank} is not below SLURM_NTASKS={tasks}")
-        return LaunchEnvironment(rank, tasks, number("SLURM_LOCALID", 0), "slurm")
+        return ranked(number("SLURM_PROCID"), tasks, ("SLURM_PROCID", "SLURM_NTASKS"), number("SLURM_LOCALID", 0),
+                      "slurm")
     return LaunchEnvironment()
 
 
@@ -121,9 +130,12 @@ def _restart_store(world_size: int):
     return dist.PrefixStore(f"vitpose/attempt_{attempt}", store)
 
 
-def init_distributed(device: str | torch.device = "auto") -> DistContext:
+def init_distributed(device: str | torch.device = "auto", *, rendezvous_timeout: float | None = None,
+                     stop=None) -> DistContext:
     """Join the process group torchrun (or srun, `launch_environment`) set up (NCCL on CUDA, gloo
-    on CPU), or run single-process."""
+    on CPU), or run single-process. The ranks meet through `vitpose.engine.rendezvous.join`: at most
+    `rendezvous_timeout` seconds (None: $VITPOSE_RENDEZVOUS_TIMEOUT, else 600), printed, and a
+    SIGTERM / SIGINT caught by `stop` (the run's StopOnSignal) ends the wait in one line."""
     launch = launch_environment(os.environ)
     launched = launch.launcher is not None
     rank, world_size, local_rank = launch.rank, launch.world_size, launch.local_rank
@@ -137,9 +149,9 @@ def init_distributed(device: str | torch.device = "auto") -> DistContext:
         # device_id binds the process group to this GPU, so barriers and object collectives
         # need not guess which device to use.
         kwargs = {"device_id": dev} if backend == "nccl" else {}
-        store = _restart_store(world_size) if launch.launcher == "torchrun" else None
-        if store is not None:
-            kwargs["store"] = store
+        timeout = rendezvous.rendezvous_timeout(rendezvous_timeout)
+        agent_store = _restart_store(world_size) if launch.launcher == "torchrun" else None
+        kwargs["store"] = rendezvous.join(rank, world_size, timeout, stop, store=agent_store)
         dist.init_process_group(backend=backend, rank=rank, world_size=world_size, **kwargs)
     return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=dev,
                        is_main=rank == 0, backend=dist.get_backend())

@@ -83,7 +83,8 @@ def set_up(cfg: Config, config_path, resume: str | None, overwrite: bool, stop: 
            closing: ExitStack) -> Session:
     """Everything a run needs, each resource registered with `closing`; the config is resolved."""
     work_dir = Path(cfg.train.work_dir)
-    ctx = D.init_distributed(cfg.train.device)  # torchrun's environment, or a single process
+    # torchrun's environment, or a single process; the ranks' wait for each other hears a SIGTERM
+    ctx = D.init_distributed(cfg.train.device, rendezvous_timeout=cfg.train.rendezvous_timeout, stop=stop)
     closing.callback(D.cleanup, ctx)
     if ctx.is_main:  # one run per work dir; stale temp files of interrupted saves go
         closing.enter_context(claim_work_dir(work_dir, resume, overwrite))

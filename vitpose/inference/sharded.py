@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -23,13 +24,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vitpose.errors import EXIT_FAILED, EXIT_INTERRUPTED
+from vitpose.files import OutputWriteError
 from vitpose.inference.pipeline import coco_records, image_ids, video_boxes
 from vitpose.inference.runner import Item, PredictOptions, RunSummary, predict_units
 from vitpose.inference.units import (
     ShardError,
     ShardFile,
+    ShardWriteError,
     WorkUnit,
     image_units,
+    model_identity,
     parse_shard,
     segment_units,
     shard_file_path,
@@ -84,11 +88,22 @@ class ShardPlan:
     mine: list[WorkUnit] = field(default_factory=list)
     json_path: Path | None = None  # this shard's file
     resume: bool = False
+    model: object = None  # the run's ModelOptions (`model`, `config`): the shard file records the model
 
     def results_file(self) -> ShardFile:
-        """This shard's file, opened (continued with --resume); the manifest written beside it."""
-        write_manifest(self.json_path.parent, self.units, self.root)
-        return ShardFile(self.json_path, self.shard, self.shards, self.mine, resume=self.resume)
+        """This shard's file, opened (continued with --resume; refused when it holds another model's
+        or source's results); the manifest written beside it. A full disk: `ShardWriteError` (exit 1)."""
+        identity = model_identity(getattr(self.model, "model", None), getattr(self.model, "config", None))
+        # the shard file first: a --resume it refuses (another model or source) leaves the manifest as it was
+        results = ShardFile(self.json_path, self.shard, self.shards, self.mine, resume=self.resume,
+                            origin={**identity, "source": str(self.root)})
+        try:
+            write_manifest(self.json_path.parent, self.units, self.root)
+        except OutputWriteError as e:
+            with contextlib.suppress(OSError):
+                results.close(completed=False)
+            raise ShardWriteError(e.errno, e.strerror) from None
+        return results
 
     @property
     def paths(self) -> list[Path]:
@@ -106,7 +121,8 @@ class ShardPlan:
 
 def _plan(options: PredictOptions, units: list[WorkUnit], setting, root: Path) -> ShardPlan:
     k, n, where = setting
-    plan = ShardPlan(k, n, where, root, units, [u for u in units if unit_shard(u.id, n) == k], resume=options.resume)
+    plan = ShardPlan(k, n, where, root, units, [u for u in units if unit_shard(u.id, n) == k], resume=options.resume,
+                     model=options.model)
     if options.json is not None:  # this shard's file: checked as the output, named in the summary
         plan.json_path = shard_file_path(options.json, k, n)
     return plan
@@ -258,10 +274,23 @@ def spawn_shards(options: PredictOptions) -> int:
 
     with StopOnSignal(on_signal=forward, hard=()):
         statuses = [child.wait() for child in children]
+    return shards_status(statuses, options.json)
+
+
+def shards_status(statuses: list[int], json_dir) -> int:
+    """The exit status of `--nproc-per-node` from its children's (Popen's: -N killed by signal N):
+    130 when one was interrupted, else the worst, a child killed by any other signal (SIGKILL, the
+    OOM killer) counting as a failed shard (1, never 0: a job script must not see success with a
+    shard missing). Each shard that did not succeed is named, with what finishes it."""
+    n = len(statuses)
     if any(s in (EXIT_INTERRUPTED, -signal.SIGINT, -signal.SIGTERM) for s in statuses):
         return EXIT_INTERRUPTED
-    worst = max(EXIT_FAILED if s < 0 else s for s in statuses)  # killed by another signal: that shard failed
+    for k, s in enumerate(statuses):
+        if s < 0:
+            name = signal.Signals(-s).name if -s in signal.valid_signals() else f"signal {-s}"
+            print(f"vitpose predict: shard {k}/{n} was killed by {name}; run it again with --shard {k}/{n} --resume "
+                  f"(and the same --json)", file=sys.stderr)
+    worst = max(EXIT_FAILED if s < 0 else s for s in statuses)
     print(f"vitpose predict: {n} shards exited with {statuses}"
-          + (f"; the results: vitpose merge {options.json} --json MERGED.jsonl" if worst <= EXIT_FAILED else ""),
-          file=sys.stderr)
+          + (f"; the results: vitpose merge {json_dir} --json MERGED.jsonl" if worst == 0 else ""), file=sys.stderr)
     return worst

@@ -14,13 +14,17 @@ Files, all in the `--json` directory (or beside the `--json` pattern's files):
   write), with the `file_name` and `image_id` one process would give it. Each shard writes it
   (the same content from the same source; atomic, so concurrent writers cannot tear it).
 - one shard file per shard (`shard-K-of-N.jsonl`, or the pattern with `{shard}` = `K-of-N`):
-  JSON Lines; the first line a header `{"vitpose_shard": "K/N"}`, then for each unit its COCO
+  JSON Lines; the first line a header `{"vitpose_shard": "K/N", "model": ..., "model_sha256": ...,
+  "source": ROOT}` (the model as given and the SHA-256 of its file, `model_identity`; the source
+  root; a header of an older vitpose without them reads as unknown), then for each unit its COCO
   records (the fields of `vitpose predict --json`, plus `"unit"`) followed by one end line
   `{"unit_done": ID, "records": COUNT}`. A unit counts only with its end line and that many
   records: a process killed mid-unit leaves records without one, which `--resume` cuts off and
   does again (`ShardFile`) and `merge_shards` ignores.
 
-`merge_shards(directory)` checks that every unit of the manifest is complete in some shard file
+`merge_shards(directory)` refuses shard files of different models or sources (one line naming
+both: the merged file would mix two models' poses, or two folders' images under one name), checks
+that every unit of the manifest is complete in some shard file
 (a unit complete in two files, e.g. after a rerun with another N, collapses to the first complete
 copy in file-name order; units missing are listed), puts the records in the manifest's order with
 the manifest's `file_name`/`image_id` (so the result equals one process's JSON Lines), and joins
@@ -38,31 +42,39 @@ import hashlib
 import json
 import os
 import re
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from vitpose.errors import UserError
-from vitpose.files import create_exclusive, write_atomic
+from vitpose.errors import EXIT_FAILED, UserError
+from vitpose.files import OutputWriteError, create_exclusive, write_atomic, write_error
+from vitpose.inference.segment_join import JOIN_MIN_IOU, join_tracks  # noqa: F401 - importable here as before
+from vitpose.inference.shard_origin import ORIGIN_KEYS, model_identity, origin_differences
 from vitpose.inference.writers import PARTIAL_SUFFIX, ResultsFile
 
-__all__ = ["MANIFEST_NAME", "Merged", "ShardFile", "WorkUnit", "join_tracks", "merge_shards", "parse_shard",
-           "read_manifest", "read_shard_file", "segment_units", "shard_file_path", "shard_from_environment",
-           "source_root", "unit_shard", "write_manifest"]
+__all__ = ["MANIFEST_NAME", "Merged", "ShardFile", "ShardWriteError", "WorkUnit", "join_tracks", "merge_shards",
+           "model_identity", "parse_shard", "read_manifest", "read_shard_file", "segment_units", "shard_file_path",
+           "shard_from_environment", "source_root", "unit_shard", "write_manifest"]
 
 MANIFEST_NAME = "manifest.json"
 HEADER_KEY = "vitpose_shard"
 DONE_KEY = "unit_done"
 SHARD_FIELD = "{shard}"
-# The tracker's default least IoU for a detection to continue a track (vitpose.inference.tracking):
-# the join across a segment border uses the same rule.
-JOIN_MIN_IOU = 0.3
 
 
 class ShardError(UserError):
     """A shard setting, shard file or manifest that cannot be used, in one line."""
+
+
+class ShardWriteError(OutputWriteError):
+    """A shard file's disk is full (or read-only): one line, exit status 1, not 2: the run did part
+    of its work and kept every complete unit, which `--resume` continues (as a run whose inputs
+    partly failed); a bad flag or file is 2, and nothing was done."""
+
+    exit_status = EXIT_FAILED
 
 
 @dataclass(frozen=True)
@@ -237,9 +249,30 @@ def read_manifest(directory: Path) -> list[dict]:
         ids = [u["id"] for u in units]
     except (ValueError, KeyError, TypeError) as e:
         raise ShardError(f"{path}: not a manifest of vitpose predict ({e})") from None
+    for i, unit in enumerate(units):
+        if not _unit_entry_ok(unit):
+            raise ShardError(f"{path}: unit [{i}] is not a unit of vitpose predict's manifest ({unit!r:.80}); "
+                             f"run a shard again to rewrite it")
     if len(set(ids)) != len(ids):
         raise ShardError(f"{path}: a unit id appears twice")
     return units
+
+
+def _unit_entry_ok(unit) -> bool:
+    if not isinstance(unit, dict) or not isinstance(unit.get("id"), str):
+        return False
+    if "start" in unit:
+        return isinstance(unit.get("video"), str) and isinstance(unit["start"], int)
+    return isinstance(unit.get("file_name"), str) and isinstance(unit.get("image_id"), int)
+
+
+def read_manifest_root(directory: Path) -> str | None:
+    """The source root the manifest records (None: not recorded)."""
+    try:
+        root = json.loads((Path(directory) / MANIFEST_NAME).read_text(encoding="utf-8")).get("root")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return root if isinstance(root, str) else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -259,10 +292,12 @@ class ShardFile(ResultsFile):
     an image's records get the manifest's `image_id`.
     """
 
-    def __init__(self, path: Path, shard: int, shards: int, units: Sequence[WorkUnit] = (), resume: bool = False):
+    def __init__(self, path: Path, shard: int, shards: int, units: Sequence[WorkUnit] = (), resume: bool = False,
+                 origin: Mapping[str, str | None] | None = None):
         # The shard file's own opening rules (below); the protocol's state as the results file keeps it.
         self.path, self.key, self.array, self.flag, self.render = Path(path), "unit", False, "--json", None
         self.shard, self.shards = shard, shards
+        self.origin = {k: v for k, v in (origin or {}).items() if v is not None}  # model, model_sha256, source
         self.records, self.nonfinite, self.count, self.failed, self.stream = [], 0, 0, False, None
         self.unit, self._open_records = None, 0
         self.by_name = {u.file_name: u for u in units if u.file_name is not None}
@@ -285,7 +320,7 @@ class ShardFile(ResultsFile):
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | (0 if resume else os.O_EXCL),
                          0o666)
         self.file = os.fdopen(fd, "wb")
-        self._write_text(json.dumps({HEADER_KEY: f"{shard}/{shards}"}) + "\n")
+        self._write_text(json.dumps({HEADER_KEY: f"{shard}/{shards}", **self.origin}) + "\n")
 
     @property
     def done(self) -> set[str]:
@@ -298,6 +333,9 @@ class ShardFile(ResultsFile):
         if contents.shard != (self.shard, self.shards):
             raise ShardError(f"{self.path} holds shard {contents.shard[0]}/{contents.shard[1]}, not "
                              f"{self.shard}/{self.shards}")
+        for what, theirs, ours in origin_differences(contents.origin, self.origin):
+            raise ShardError(f"--resume: {self.path} holds the results of {what} {theirs}, this run's is {ours}; "
+                             f"run without --resume to replace it, or give another --json")
         fd = os.open(self.path, os.O_WRONLY | os.O_NOFOLLOW)
         try:
             os.ftruncate(fd, contents.complete_bytes)
@@ -324,6 +362,14 @@ class ShardFile(ResultsFile):
         self.done_units.add(self.unit.id)
         self.unit = None
 
+    def _failed_write(self, error: OSError):
+        self.failed = True
+        kept = (f"every complete unit is kept in {self.target}; run this shard again with --resume once there is "
+                f"space" if self.target == self.path else
+                f"{self.path} is unchanged, this run's complete units are in {self.target}")
+        converted = write_error(error, self.target, self.flag, kept=kept)
+        return None if converted is None else ShardWriteError(converted.errno, converted.strerror)
+
 
 @dataclass
 class ShardContents:
@@ -331,6 +377,15 @@ class ShardContents:
     units: dict[str, list[dict]]  # complete units, in file order
     complete_bytes: int  # the length of the file up to its last end line
     torn: int = 0  # records after the last end line (a unit cut off)
+    origin: dict = field(default_factory=dict)  # the header's model, model_sha256, source (absent: unknown)
+
+
+def _json_line(line: bytes, path: Path, number: int):
+    """A line's JSON; NaN / Infinity (which vitpose never writes) are one line naming the file and line."""
+    def refuse(name):
+        raise ShardError(f"{path}: line {number} has {name}, which is not JSON (vitpose writes a missing value as "
+                         f"null); a shard file is written only by vitpose predict")
+    return json.loads(line, parse_constant=refuse)
 
 
 def read_shard_file(path: Path) -> ShardContents:
@@ -339,18 +394,19 @@ def read_shard_file(path: Path) -> ShardContents:
     data = path.read_bytes()
     lines = data.splitlines(keepends=True)
     try:
-        header = json.loads(lines[0]) if lines else None
+        header = _json_line(lines[0], path, 1) if lines else None
         shard = parse_shard(header[HEADER_KEY], f"{path}: header")
-    except (ValueError, TypeError, KeyError, IndexError):
+        origin = {k: header[k] for k in ORIGIN_KEYS if isinstance(header.get(k), str)}
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
         raise ShardError(f"{path}: not a shard file of vitpose predict (its first line is not "
-                         f'{{"{HEADER_KEY}": "K/N"}})') from None
+                         f'{{"{HEADER_KEY}": "K/N", ...}})') from None
     units: dict[str, list[dict]] = {}
     pending: list[dict] = []
     position = complete = len(lines[0])
     for number, line in enumerate(lines[1:], start=2):
         position += len(line)
         try:
-            row = json.loads(line)
+            row = _json_line(line, path, number)
         except ValueError:
             if line.endswith(b"\n"):
                 raise ShardError(f"{path}: line {number} is not JSON; a shard file is written only by "
@@ -368,7 +424,7 @@ def read_shard_file(path: Path) -> ShardContents:
             complete = position
         else:
             pending.append(row)
-    return ShardContents(shard, units, complete, torn=len(pending))
+    return ShardContents(shard, units, complete, torn=len(pending), origin=origin)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -388,14 +444,38 @@ class Merged:
 
 
 def shard_files(directory: Path) -> list[Path]:
-    """The shard files in `directory` (JSON Lines files whose first line is a shard header)."""
+    """The shard files in `directory`: regular files (a link to one counts) named *.jsonl whose first
+    line is a shard header. Anything else is passed over unopened or unread: a FIFO or a device
+    under a shard file's name would block a read forever (it is opened without blocking and left)."""
     found = []
     for path in sorted(Path(directory).glob("*.jsonl")):
-        with open(path, "rb") as f:
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        except OSError:
+            continue
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                continue
             first = f.readline(200)
         if first.startswith(b'{"' + HEADER_KEY.encode()):
             found.append(path)
     return found
+
+
+def check_one_origin(files: Sequence[Path], origins: Sequence[Mapping], manifest_root: str | None) -> None:
+    """One model and one source in every shard file (and the manifest's root): a ShardError naming
+    two files that differ. A header without them (an older vitpose) is not compared."""
+    claims = list(zip([p.name for p in files], origins))
+    if manifest_root is not None:
+        claims.append((MANIFEST_NAME, {"source": manifest_root}))
+    for what in ("model", "source"):
+        known = [(name, o) for name, o in claims if o.get(what) is not None]
+        for name, origin in known[1:]:
+            for differs, theirs, ours in origin_differences(known[0][1], origin):
+                if differs == f"the {what}":
+                    raise ShardError(f"{known[0][0]} and {name} hold results of different {what}s ({theirs} and "
+                                     f"{ours}); merge one {what}'s shards: move the others out of the folder or "
+                                     f"run them again with the same {'--model' if what == 'model' else 'source'}")
 
 
 def merge_shards(directory: Path) -> Merged:
@@ -403,10 +483,11 @@ def merge_shards(directory: Path) -> Merged:
     directory = Path(directory)
     manifest = read_manifest(directory)
     files = shard_files(directory)
+    contents_of = [read_shard_file(path) for path in files]
+    check_one_origin(files, [c.origin for c in contents_of], read_manifest_root(directory))
     complete: dict[str, list[dict]] = {}
     duplicates = torn = 0
-    for path in files:
-        contents = read_shard_file(path)
+    for contents in contents_of:
         torn += contents.torn
         for unit_id, records in contents.units.items():
             if unit_id in complete:
@@ -434,70 +515,6 @@ def merge_shards(directory: Path) -> Merged:
         merged.joins += joins
         merged.records += [{k: v for k, v in r.items() if k != "unit"} for r in joined]
     return merged
-
-
-def _iou(a: list[float], b: list[float]) -> float:
-    """IoU of two [x, y, w, h] boxes."""
-    ax2, ay2, bx2, by2 = a[0] + a[2], a[1] + a[3], b[0] + b[2], b[1] + b[3]
-    w = max(0.0, min(ax2, bx2) - max(a[0], b[0]))
-    h = max(0.0, min(ay2, by2) - max(a[1], b[1]))
-    inter = w * h
-    union = a[2] * a[3] + b[2] * b[3] - inter
-    return inter / union if union > 0 else 0.0
-
-
-def join_tracks(segments: Sequence[list[dict]], starts: Sequence[int]) -> tuple[list[dict], int]:
-    """The records of a video's consecutive segments with one set of track ids -> (records, joins).
-
-    Each segment's tracker numbered its people from 0. The first segment keeps its ids. In each
-    later one, the people of its first frame are matched to those of the previous segment's last
-    frame (the frame before) by box IoU, best pair first, at least JOIN_MIN_IOU (the tracker's own
-    threshold) and take their ids; every other track gets the next unused id, in the order the
-    segment numbered them (its order of appearance), as one tracker would have.
-
-    Where this differs from one unsplit run (documented in the README): a person not detected in
-    either border frame but tracked within the tracker's `max_age` across it gets a new id; the
-    tracker's motion model is not used at the border, so a fast person whose boxes overlap less
-    than JOIN_MIN_IOU between the two frames gets a new id; two people who swap places exactly at
-    a border may swap ids.
-    """
-    out, joins, next_id = [], 0, 0
-    previous_last: list[dict] = []
-    previous_start = None
-    for records, start in zip(segments, starts):
-        tracked = [r for r in records if r.get("track_id") is not None]
-        mapping: dict[int, int] = {}
-        if previous_start is not None and tracked:
-            first = [r for r in tracked if r["frame"] == start]
-            last = [r for r in previous_last if r["frame"] == start - 1]
-            pairs = sorted(((_iou(a["bbox"], b["bbox"]), i, j) for i, a in enumerate(last) for j, b in enumerate(first)),
-                           key=lambda p: (-p[0], p[1], p[2]))
-            used_a, used_b = set(), set()
-            for iou, i, j in pairs:
-                if iou < JOIN_MIN_IOU:
-                    break
-                if i in used_a or j in used_b or first[j]["track_id"] in mapping:
-                    continue
-                used_a.add(i)
-                used_b.add(j)
-                mapping[first[j]["track_id"]] = last[i]["track_id"]
-                joins += 1
-        for local in sorted({r["track_id"] for r in tracked}):
-            if local not in mapping:
-                mapping[local] = next_id
-                next_id += 1
-            else:
-                next_id = max(next_id, mapping[local] + 1)
-        segment_out = []
-        for r in records:
-            r = dict(r)
-            if r.get("track_id") is not None:
-                r["track_id"] = mapping[r["track_id"]]
-            segment_out.append(r)
-        out += segment_out
-        previous_last = [r for r in segment_out if r.get("track_id") is not None]
-        previous_start = start
-    return out, joins
 
 
 def as_coco_results(records: list[dict]) -> list[dict]:
