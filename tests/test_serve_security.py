@@ -8,6 +8,7 @@ the COCO skeleton; fake Label Studio hosts are `http.server`s on 127.0.0.1 that 
 - `/openapi.json` has exactly the routes' paths and methods, and needs the token; a 405 says `Allow`.
 - `/setup` never replaces a `--labelstudio-url`; without `--token` the first `/setup` names the host
   and a second naming another is a 409 whose key is kept nowhere; a text/plain `/setup` is a 415.
+- A key that a later /setup brings never reaches the host an earlier one named.
 - A redirect from Label Studio's host to another port is not followed (the other never sees a
   request); a Personal Access Token is refreshed into a bearer token, renewed once on a 401.
 - One `/predict` of 4 tasks with one image missing: 3 predictions, one `{"error"}`, one console line.
@@ -226,6 +227,23 @@ def reply(handler, status: int, body: bytes = b"", headers=()):
     handler.wfile.write(body)
 
 
+def test_a_key_sent_to_setup_never_reaches_the_host_an_earlier_setup_named(serve, tmp_path):
+    """The attack of a tokenless server: a local process names its own host first, then Label
+    Studio's /setup brings the real key; the first host must never see that key."""
+    attacker = FakeLabelStudio(lambda h: reply(h, 200, IMAGE))
+    label_studio = FakeLabelStudio(lambda h: reply(h, 200, IMAGE))
+    try:
+        app, _ = serve(TaskImages(image_dir=tmp_path))
+        for host, key in ((attacker.url, None), (label_studio.url, "LS-SECRET-TOKEN")):
+            call(app, "POST", "/setup", json.dumps({"hostname": host, "access_token": key}).encode(), JSON)
+        task = {"tasks": [{"id": 1, "data": {"image": "/data/upload/3/photo.png"}}]}
+        assert call(app, "POST", "/predict", json.dumps(task).encode(), JSON)[0] == 200
+        assert attacker.seen == [("GET", "/data/upload/3/photo.png", None)] and label_studio.seen == []
+    finally:
+        attacker.close()
+        label_studio.close()
+
+
 def test_no_redirect_leaves_the_labelstudio_host_and_no_key_goes_with_one():
     elsewhere = FakeLabelStudio(lambda h: reply(h, 200, IMAGE))
     home = FakeLabelStudio(lambda h: reply(h, 302, headers=[("Location", elsewhere.url + "/stolen.png")])
@@ -311,3 +329,10 @@ def test_a_host_beyond_this_machine_without_a_token_is_refused(tmp_path, capsys,
     assert main(["serve", "--host", "0.0.0.0", "--port", "0", "--model", str(tmp_path / "none.pth")]) == 2
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("vitpose serve: error: --host 0.0.0.0 without --token") and "--token" in line
+
+
+def test_a_label_studio_body_nested_too_deep_is_a_400_not_a_500(serve):
+    app, _ = serve()
+    for body in (b"[" * 100_000, b'{"tasks": ' + b"[" * 100_000 + b"}"):
+        status, _, answer, raised = call(app, "POST", "/predict", body, JSON)
+        assert (status, answer, raised) == (400, {"error": "the body must be JSON"}, None)

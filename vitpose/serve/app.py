@@ -339,7 +339,7 @@ async def _json_body(request: Request, service: Service) -> dict:
     body = await read_body(request, service.settings.max_body)
     try:
         data = json.loads(body or b"null")
-    except ValueError:
+    except (ValueError, RecursionError):  # nested beyond Python's recursion limit: no JSON it reads either
         raise RequestError(400, "the body must be JSON") from None
     if not isinstance(data, dict):
         raise RequestError(400, f"the body must be a JSON object, got {type(data).__name__}")
