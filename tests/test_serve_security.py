@@ -336,3 +336,37 @@ def test_a_label_studio_body_nested_too_deep_is_a_400_not_a_500(serve):
     for body in (b"[" * 100_000, b'{"tasks": ' + b"[" * 100_000 + b"}"):
         status, _, answer, raised = call(app, "POST", "/predict", body, JSON)
         assert (status, answer, raised) == (400, {"error": "the body must be JSON"}, None)
+
+
+@pytest.mark.slow
+def test_schemathesis_finds_no_5xx_and_no_error_that_is_not_json(tmp_path):
+    """schemathesis (its own environment: $SCHEMATHESIS names its command, else `schemathesis` on
+    PATH) against a live server through `/openapi.json`: no 5xx, every answer as the schema says
+    (every error a JSON `{"error"}`), `Allow` on a 405."""
+    import os
+    import shutil
+    import subprocess
+
+    from serve_helpers import start_server
+    from test_evaluate import tiny_model
+
+    import vitpose
+
+    command = os.environ.get("SCHEMATHESIS") or shutil.which("schemathesis")
+    if command is None:
+        pytest.skip("schemathesis is not installed (pip install schemathesis into its own venv, "
+                    "then SCHEMATHESIS=/path/to/venv/bin/schemathesis)")
+    vitpose.save_weights(tiny_model(seed=11), tmp_path / "tiny.safetensors")
+    server = start_server(["--model", tmp_path / "tiny.safetensors", "--detector", "full-frame", "--device", "cpu",
+                           "--precision", "fp32", "--token", TOKEN, "--image-dir", tmp_path], tmp_path)
+    try:
+        checks = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance," \
+                 "unsupported_method"
+        done = subprocess.run([command, "run", f"http://127.0.0.1:{server.port}/openapi.json", "-H",
+                               f"Authorization: Bearer {TOKEN}", "--checks", checks, "--max-examples", "30",
+                               "--seed", "5", "--no-color"], capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+        assert "No issues found" in done.stdout
+        assert server.json("GET", "/v1/health")[1]["status"] == "ok"
+    finally:
+        assert server.stop() == 0
