@@ -7,7 +7,9 @@ config the server generates (`GET /v1/labelstudio-config`), 6 images are uploade
 names an image that does not exist; the server (reading the project's uploads folder, `--image-dir`)
 is connected through Label Studio's own API and "Retrieve Predictions" asks for all 7 in one
 `/predict`. The 6 stored predictions equal `vitpose predict --format labelstudio` on their images;
-the missing image costs only its own prediction (one line on the server's console).
+the missing image costs only its own prediction (one line on the server's console). A second
+server without `--image-dir` fetches the images from Label Studio with a Personal Access Token
+(`--labelstudio-url`, $LABEL_STUDIO_API_KEY) and answers the same predictions.
 """
 
 import http.cookiejar
@@ -120,7 +122,7 @@ def label_studio(tmp_path):
 
 
 def test_label_studio_stores_predictions_equal_to_predict_and_a_missing_image_costs_only_its_own(
-        label_studio, tmp_path, coco_mini_dir):
+        label_studio, tmp_path, coco_mini_dir, monkeypatch):
     ls, data_dir = label_studio
     vitpose.save_weights(tiny_model(seed=11), tmp_path / "tiny.safetensors")
     images = tmp_path / "images"
@@ -172,6 +174,20 @@ def test_label_studio_stores_predictions_equal_to_predict_and_a_missing_image_co
     missing = [t["id"] for t in tasks if "missing" in t["data"]["image"]]
     assert len(by_task) == 6 and missing[0] not in by_task
     assert [line for line in lines if "no prediction" in line and f"task {missing[0]}" in line], lines
+
+    # fetching from Label Studio itself with a Personal Access Token (1.2x's default kind of key)
+    pat = ls.api("POST", "/api/token/", {})["token"]
+    monkeypatch.setenv("LABEL_STUDIO_API_KEY", pat)
+    fetching = start_server([*model, "--labelstudio-url", ls.url], tmp_path)
+    try:
+        asked = [t for t in tasks if t["id"] not in missing]
+        status, answer = fetching.json("POST", "/predict", json.dumps({"tasks": asked, "label_config": config.decode()})
+                                       .encode(), {"Content-Type": "application/json"})
+    finally:
+        assert fetching.stop() == 0
+    assert status == 200 and all("result" in r for r in answer["results"]), answer
+    for task, fetched in zip(asked, answer["results"]):
+        assert fetched["result"] == by_task[task["id"]]["result"]
 
     out = tmp_path / "want.json"
     assert main(["predict", *[str(images / n) for n in names], "--model", str(tmp_path / "tiny.safetensors"),
