@@ -174,6 +174,7 @@ def test_without_a_token_the_first_setup_names_the_host_and_no_later_one_changes
     assert images.access_token is None and images.auth.keys == {}  # the environment's key has no host: unused
     first = json.dumps({"hostname": "http://127.0.0.1:18900"}).encode()
     assert call(app, "POST", "/setup", first, JSON)[0] == 200 and images.labelstudio_url == "http://127.0.0.1:18900"
+    assert images.access_token is None  # $LABEL_STUDIO_API_KEY goes to --labelstudio-url only, never /setup's host
     second = json.dumps({"hostname": "http://127.0.0.1:18901", "access_token": "LS-SECRET"}).encode()
     status, _, answer, _ = call(app, "POST", "/setup", second, JSON)
     assert status == 409 and "--labelstudio-url" in answer["error"], answer

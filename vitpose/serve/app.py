@@ -432,6 +432,7 @@ ENDPOINTS = (
     Endpoint("/health", "GET", ls_health, "labelstudio_health", auth=False),
     Endpoint("/setup", "POST", ls_setup, "labelstudio_setup"),
     Endpoint("/predict", "POST", ls_predict, "labelstudio_predict", counts_in_flight=True),
+    # Label Studio posts its events here without the backend's auth; open, as it reads nothing
     Endpoint("/webhook", "POST", ls_webhook, "labelstudio_webhook", auth=False),
 )
 
