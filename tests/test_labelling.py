@@ -415,6 +415,20 @@ def test_audit_writes_a_ranking_a_page_and_review_tasks(tmp_path, tiny_model, sy
                  "--out", str(tmp_path / "fixed.json")]) == 0
 
 
+def test_the_audit_page_escapes_every_value_of_its_inputs(tmp_path, tiny_model, synthetic):
+    """An annotation id is text from the COCO file: the page shows it, never runs it."""
+    ann = json.loads((synthetic / "annotations" / "person_keypoints_val2017.json").read_text())
+    script = "<script>alert(1)</script>"
+    for a in ann["annotations"]:
+        a["id"] = f"{script}{a['id']}"
+    hostile, out_html = tmp_path / "hostile.json", tmp_path / "audit.html"
+    hostile.write_text(json.dumps(ann))
+    assert main(["audit", "--model", str(tiny_model), "--annotations", str(hostile), "--images",
+                 str(synthetic / "val2017"), "--out", str(out_html), "--flag", "0", "--device", "cpu"]) == 0
+    page = out_html.read_text()
+    assert "<script" not in page.lower() and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+
+
 def test_audit_refuses_to_write_over_its_input(tmp_path, tiny_model, synthetic, capsys):
     ann = synthetic / "annotations" / "person_keypoints_val2017.json"
     before = ann.read_bytes()

@@ -39,6 +39,7 @@ pytest.importorskip("python_multipart", reason='vitpose serve needs the serve ex
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+JSON_AUTH = {**AUTH, "Content-Type": "application/json"}  # Label Studio sends JSON
 KEYPOINT_TOL = 1e-3  # px: see the module docstring
 SCORE_TOL = 1e-5
 COCO_IMAGE = "000000000785.jpg"
@@ -280,16 +281,16 @@ def test_labelstudio_backend_equals_predict_format_labelstudio_and_imports_back(
     status, answer = server.json("GET", "/health")
     assert status == 200 and answer["status"] == "UP"
     status, answer = server.json("POST", "/setup", json.dumps({"project": "1.1700000000", "schema": config}).encode(),
-                                 AUTH)
+                                 JSON_AUTH)
     assert status == 200 and answer["model_version"] == "vitpose"
     # a config whose keypoint labels lack the model's keypoints is refused in one line
     bad = LABEL_CONFIG.format(labels='<Label value="nose"/>')
-    status, answer = server.json("POST", "/setup", json.dumps({"project": "1", "schema": bad}).encode(), AUTH)
+    status, answer = server.json("POST", "/setup", json.dumps({"project": "1", "schema": bad}).encode(), JSON_AUTH)
     assert status == 422 and "left_eye" in answer["error"]
 
     tasks = [{"id": 7, "data": {"photo": labelstudio_image_url(COCO_IMAGE)}}]
     request = {"tasks": tasks, "project": "1.1700000000", "label_config": config, "params": {"context": {}}}
-    status, answer = server.json("POST", "/predict", json.dumps(request).encode(), AUTH)
+    status, answer = server.json("POST", "/predict", json.dumps(request).encode(), JSON_AUTH)
     assert status == 200, answer
     [prediction] = answer["results"]
 
@@ -331,6 +332,28 @@ def test_labelstudio_backend_equals_predict_format_labelstudio_and_imports_back(
     for k, name in enumerate(imported["categories"][0]["keypoints"]):
         assert back[k, 0] == pytest.approx(points[name]["x"] * 640 / 100, abs=1e-6)
         assert back[k, 1] == pytest.approx(points[name]["y"] * 425 / 100, abs=1e-6)
+
+
+def test_the_console_says_how_to_get_the_labelling_config_and_prints_each_error(server):
+    """At start-up the server prints the command that fetches the labelling config of its model, and
+    every error answer is one line on its console (Label Studio shows only "NNN Client Error")."""
+    import queue
+
+    def next_line(words):
+        while True:
+            try:
+                line = server.lines.get(timeout=10)
+            except queue.Empty:
+                raise AssertionError(f"no console line with {words!r}") from None
+            if line is not None and words in line:
+                return line
+
+    line = next_line("/v1/labelstudio-config")
+    assert "keypoints" in line and 'Authorization: Bearer $TOKEN' in line
+    status, config = server.request("GET", "/v1/labelstudio-config", headers=AUTH)[::2]
+    assert status == 200 and config.decode().count("<Label value=") == 18  # 17 keypoints and the person
+    assert server.json("POST", "/v1/predict", b"x", {"Authorization": "Bearer wrong"})[0] == 401
+    assert next_line("POST /v1/predict 401").startswith("vitpose serve: POST /v1/predict 401: missing or wrong token")
 
 
 class _StubPredictor:
@@ -418,20 +441,20 @@ def test_labelstudio_task_images_come_from_its_host_only(server, workdir):
     try:
         host = f"http://127.0.0.1:{fake.server_address[1]}"
         status, _ = server.json("POST", "/setup", json.dumps({"project": "1", "hostname": host,
-                                                               "access_token": "ls-key"}).encode(), AUTH)
+                                                               "access_token": "ls-key"}).encode(), JSON_AUTH)
         assert status == 200
         encoded = "data:image/jpeg;base64," + base64.b64encode(data).decode()
         tasks = [{"id": 1, "data": {"image": "/data/upload/1/5e3b2f1a-photo.jpg"}},
                  {"id": 2, "data": {"image": labelstudio_image_url(COCO_IMAGE)}},
                  {"id": 3, "data": {"image": encoded}}]
-        status, answer = server.json("POST", "/predict", json.dumps({"tasks": tasks}).encode(), AUTH)
+        status, answer = server.json("POST", "/predict", json.dumps({"tasks": tasks}).encode(), JSON_AUTH)
         assert status == 200, answer
         assert seen == [("/data/upload/1/5e3b2f1a-photo.jpg", "Token ls-key")]  # only the image not on disk
         fetched, local, inline = answer["results"]
         assert fetched["result"] == local["result"] == inline["result"] and len(local["result"]) == 18
         for url in ("http://169.254.169.254/latest/meta-data/x.jpg", "file:///etc/passwd"):
             status, answer = server.json("POST", "/predict", json.dumps(
-                {"tasks": [{"id": 9, "data": {"image": url}}]}).encode(), AUTH)
+                {"tasks": [{"id": 9, "data": {"image": url}}]}).encode(), JSON_AUTH)
             assert status == 422 and "task 9" in answer["error"] and "not on Label Studio's host" in answer["error"]
         assert len(seen) == 1  # nothing else was fetched
     finally:

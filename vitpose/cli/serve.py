@@ -14,7 +14,8 @@ network together, up to --max-batch crops, waiting at most --max-wait-ms for mor
 (vitpose.serve.batching). Endpoints, limits and errors: vitpose/serve/app.py; Label Studio
 (Settings > Model > Connect model, URL of this server): vitpose/serve/labelstudio.py.
 
-It listens on loopback unless --host says otherwise; give --token when it does not. SIGTERM stops
+It listens on loopback unless --host says otherwise, which needs --token. Label Studio: docs/labelstudio.md
+(the labelling config of the model: GET /v1/labelstudio-config, printed at start-up). SIGTERM stops
 accepting connections, answers the requests in flight and exits 0; Ctrl-C does the same and exits 130.
 """
 
@@ -23,7 +24,6 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
-import sys
 from pathlib import Path
 
 from vitpose.cli.options import DEFAULT_MODEL, add_model_arguments, model_options, open_model
@@ -128,8 +128,9 @@ def run(args) -> int:
 
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
     if not _loopback(args.host) and token is None:
-        print(f"vitpose serve: warning: listening on {args.host} without --token: anyone who reaches this port "
-              f"can use the model", file=sys.stderr)
+        # anyone who reaches the port could run the model and name the Label Studio host of /setup
+        raise ServeError(f"--host {args.host} without --token: give --token (or ${TOKEN_ENV}) to listen beyond "
+                         f"this machine, or leave --host out (127.0.0.1)")
     sock = server.listen(args.host, args.port)  # before the model loads: a taken port fails at once
     try:  # the door refuses a bad --detector / --precision / --device or a missing model in one line
         predictor = open_model(options)
@@ -151,6 +152,9 @@ def run(args) -> int:
         print(f"vitpose serve: http://{shown}:{port}/  (model {args.model}, "
               f"{details.get('device', details['runtime'])}, max batch {service.runner.max_batch}, "
               f"max wait {args.max_wait_ms:g} ms{', token required' if token else ''})", flush=True)
+        auth = ' -H "Authorization: Bearer $TOKEN"' if token else ""
+        print(f"vitpose serve: Label Studio labelling config of this model's {len(predictor.skeleton.keypoint_names)} "
+              f"keypoints: curl{auth} http://{shown}:{port}/v1/labelstudio-config  (docs/labelstudio.md)", flush=True)
 
     try:
         return server.run(serve_app.build_app(service), sock, listening)

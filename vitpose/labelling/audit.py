@@ -190,8 +190,10 @@ def html_report(rows: list[dict], labels: list[LabelledImage], lines: dict, imag
             crops.append(f"<img src='data:image/jpeg;base64,{base64.b64encode(encoded.tobytes()).decode()}'>"
                          if ok else "")
         checks = ", ".join(f"{name} {value:.2f}" for name, value in row["checks"].items() if value > 0) or "-"
-        reasons = "<br>".join(html.escape(r) for r in row["reasons"]) or "-"
-        out.append(f"<tr><td>{rank}</td><td>{html.escape(row['image'])}<br>id {row['annotation_id']}</td>"
+        reasons = "<br>".join(html.escape(str(r)) for r in row["reasons"]) or "-"
+        # every value from the input files is escaped: a COCO file must not put markup in the page
+        out.append(f"<tr><td>{rank}</td><td>{html.escape(str(row['image']))}<br>id "
+                   f"{html.escape(str(row['annotation_id']))}</td>"
                    f"<td>{row['suspicion']:.2f}</td><td>{html.escape(checks)}</td><td>{reasons}</td>"
                    f"<td>{''.join(crops)}</td></tr>")
     out += ["</table></body></html>"]

@@ -10,15 +10,19 @@ Endpoints (JSON unless said; every error is `{"error": "one line"}` with a 4xx o
   (`vitpose.inference.records.image_records`); `labelstudio` / `cvat`: the text `vitpose predict
   --format` writes for it.
 - `GET /v1/health`, `GET /v1/model` (the model's spec, skeleton and the server's settings),
-  `GET /metrics` (Prometheus text: `vitpose.serve.batching.Metrics`), `GET /` (the page).
-- Label Studio's ML backend: `POST /setup`, `POST /predict`, `GET /health`
+  `GET /metrics` (Prometheus text: `vitpose.serve.batching.Metrics`), `GET /` (the page),
+  `GET /openapi.json` (`vitpose.serve.openapi`).
+- Label Studio's ML backend: `POST /setup`, `POST /predict` (JSON bodies only; a task that fails
+  gets `{"error"}` and no prediction, the others theirs), `GET /health`, `POST /webhook`
+  (acknowledged), and `GET /v1/labelstudio-config`, the labelling config of the model's keypoints
   (`vitpose.serve.labelstudio`).
 
 Limits: the body (`--max-body-mb`, checked on Content-Length and while reading), the pixel limit
 (`vitpose.files`, read from the image's header before decoding), a per-request timeout, the
 requests answered at once (`--max-in-flight`, beyond it 503: the memory they hold is bounded). With
-`--token`, every endpoint but `/`, `/v1/health` and `/health` needs `Authorization: Bearer TOKEN`
-(or HTTP Basic with the token as password: what Label Studio sends to a backend).
+`--token`, every endpoint but `/`, `/v1/health`, `/health` and `/webhook` (which reads nothing)
+needs `Authorization: Bearer TOKEN` (or HTTP Basic with the token as password: what Label Studio
+sends to a backend). Every answer of 400 or more is one line on the console (`ErrorLog`).
 Images are decoded as `vitpose predict` decodes files (`vitpose.data.image_io.decode_image`: BGR,
 truncation and pixel checks), so the server's records for an image equal the command's.
 
@@ -67,7 +71,9 @@ from vitpose.inference.pipeline import caller_boxes, image_ids
 from vitpose.inference.records import FORMATS, image_records, labelstudio_tasks, render_records
 from vitpose.inference.runner import predict_chunk
 from vitpose.serve.batching import BatchRunner, Metrics
-from vitpose.serve.labelstudio import MODEL_VERSION, RequestError, TaskImages, labelling_names
+from vitpose.serve.console import ErrorLog, error_line
+from vitpose.serve.labelstudio import MODEL_VERSION, RequestError, TaskImages, labelling_config, labelling_names
+from vitpose.serve.openapi import openapi_schema
 
 __all__ = ["ENDPOINTS", "Endpoint", "InFlightLimit", "RequestMetrics", "Service", "Settings", "TokenCheck",
            "batch_function", "build_app", "error_response", "open_service"]
@@ -327,10 +333,13 @@ async def page(request: Request) -> Response:
 
 
 async def _json_body(request: Request, service: Service) -> dict:
+    # JSON only: a web page can send a text/plain body to a local server without asking first
+    if request.headers.get("content-type", "").partition(";")[0].strip().lower() != "application/json":
+        raise RequestError(415, f"{request.url.path} reads JSON: send 'Content-Type: application/json'")
     body = await read_body(request, service.settings.max_body)
     try:
         data = json.loads(body or b"null")
-    except ValueError:
+    except (ValueError, RecursionError):  # nested beyond Python's recursion limit: no JSON it reads either
         raise RequestError(400, "the body must be JSON") from None
     if not isinstance(data, dict):
         raise RequestError(400, f"the body must be a JSON object, got {type(data).__name__}")
@@ -345,7 +354,8 @@ async def ls_setup(request: Request) -> Response:
     service = _service(request)
     data = await _json_body(request, service)
     labelling_names(data.get("schema"), service.skeleton.keypoint_names)  # a config it cannot answer: now
-    service.task_images.set_up(data.get("hostname"), data.get("access_token"))
+    service.task_images.set_up(data.get("hostname"), data.get("access_token"),
+                               may_replace=service.settings.token is not None)
     return JSONResponse({"model_version": MODEL_VERSION})
 
 
@@ -373,8 +383,30 @@ async def ls_predict(request: Request) -> Response:
         answer = labelstudio_tasks(records, service.skeleton, settings.mark_below, **names.writer_names())
         return answer[0]["predictions"][0] if answer else {"model_version": MODEL_VERSION, "score": 0.0, "result": []}
 
-    results = await asyncio.gather(*(one(t, task) for t, task in enumerate(tasks)))
-    return JSONResponse({"results": list(results), "model_version": MODEL_VERSION})
+    async def alone(t: int, task):  # a task that fails gets no prediction, the others theirs
+        try:
+            return await one(t, task)
+        except UserError as e:
+            error_line(request.method, request.url.path, e.http_status, f"no prediction: {e}")
+            return e
+
+    results = await asyncio.gather(*(alone(t, task) for t, task in enumerate(tasks)))
+    if results and all(isinstance(r, UserError) for r in results):
+        raise results[0]
+    return JSONResponse({"results": [{"error": str(r)} if isinstance(r, UserError) else r for r in results],
+                         "model_version": MODEL_VERSION})
+
+
+async def ls_config(request: Request) -> Response:
+    return Response(labelling_config(_service(request).skeleton.keypoint_names), media_type="application/xml")
+
+
+async def ls_webhook(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})  # Label Studio's events: acknowledged, nothing to do with them
+
+
+async def openapi(request: Request) -> Response:
+    return JSONResponse(openapi_schema())
 
 
 @dataclass(frozen=True)
@@ -395,9 +427,13 @@ ENDPOINTS = (
     Endpoint("/v1/health", "GET", health, "health", auth=False),
     Endpoint("/v1/model", "GET", model_info, "model"),
     Endpoint("/metrics", "GET", metrics, "metrics"),
+    Endpoint("/openapi.json", "GET", openapi, "openapi"),
+    Endpoint("/v1/labelstudio-config", "GET", ls_config, "labelstudio_config"),
     Endpoint("/health", "GET", ls_health, "labelstudio_health", auth=False),
     Endpoint("/setup", "POST", ls_setup, "labelstudio_setup"),
     Endpoint("/predict", "POST", ls_predict, "labelstudio_predict", counts_in_flight=True),
+    # Label Studio posts its events here without the backend's auth; open, as it reads nothing
+    Endpoint("/webhook", "POST", ls_webhook, "labelstudio_webhook", auth=False),
 )
 
 
@@ -405,9 +441,9 @@ ENDPOINTS = (
 # The seams: errors and middleware
 
 
-def error_response(status: int, message: str) -> JSONResponse:
+def error_response(status: int, message: str, headers: dict | None = None) -> JSONResponse:
     """The one error answer: `{"error": one line}` (a 401 says how to authenticate)."""
-    headers = {"WWW-Authenticate": 'Bearer realm="vitpose"'} if status == 401 else None
+    headers = {"WWW-Authenticate": 'Bearer realm="vitpose"', **(headers or {})} if status == 401 else headers
     return JSONResponse({"error": message.splitlines()[0] if message else "error"}, status_code=status,
                         headers=headers)
 
@@ -422,7 +458,7 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
-    return error_response(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
+    return error_response(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", exc.headers)
 
 
 def token_matches(authorization: str, token: str) -> bool:
@@ -522,7 +558,8 @@ def build_app(service: Service) -> Starlette:
         yield
         await run_in_threadpool(service.runner.close)  # after the requests in flight: their jobs are done
 
-    middleware = [Middleware(cls, service=service) for cls in (RequestMetrics, InFlightLimit, TokenCheck)]
+    middleware = [Middleware(ErrorLog), *(Middleware(cls, service=service)
+                                          for cls in (RequestMetrics, InFlightLimit, TokenCheck))]
     handlers = {UserError: _user_error, HTTPException: _http_error, Exception: _internal_error}
     app = Starlette(routes=routes, middleware=middleware, exception_handlers=handlers, lifespan=lifespan)
     app.state.service = service

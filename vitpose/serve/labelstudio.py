@@ -23,18 +23,22 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import os
+import re
 import urllib.error
 import urllib.parse
 import urllib.request
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
+from xml.sax.saxutils import escape as xml_escape
 
 from vitpose.data.annotation_formats import labelstudio_file_name
 from vitpose.errors import UserError
 
-__all__ = ["LabellingNames", "RequestError", "TaskImages", "labelling_names"]
+__all__ = ["LabelStudioAuth", "LabellingNames", "RequestError", "TaskImages", "is_personal_access_token",
+           "labelling_config", "labelling_names", "origin"]
 
 MODEL_VERSION = "vitpose"  # what `vitpose predict --format labelstudio` writes as `model_version`
 
@@ -115,24 +119,171 @@ def labelling_names(label_config, keypoint_names) -> LabellingNames:
                           image_object=image_name, box_label=box_label, data_key=data_key, keypoint_labels=labels)
 
 
+_JWT = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
+
+
+def is_personal_access_token(key: str) -> bool:
+    """A Label Studio 1.2x Personal Access Token (a JWT refresh token: three dot-separated base64url
+    parts), not a legacy token (one hex key, sent as `Token KEY`)."""
+    return bool(_JWT.fullmatch(key.strip()))
+
+
+class _OffHost(Exception):
+    """A redirect to another host than the one asked: never followed (the key would go with it)."""
+
+
+class _SameOriginRedirects(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        if origin(newurl) is None or origin(newurl) != origin(req.full_url):
+            raise _OffHost(newurl)
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+class LabelStudioAuth:
+    """The keys of Label Studio hosts (`keys`: origin -> key) and the requests that carry them.
+
+    A legacy token goes as `Authorization: Token KEY`. A Personal Access Token (Label Studio 1.2x's
+    default) is a refresh token: it is posted to `<host>/api/token/refresh/` as `{"refresh": KEY}`
+    for a short-lived access token, sent as `Authorization: Bearer ACCESS` and renewed once on a 401.
+    Redirects are followed only on the same scheme, host and port; a key goes to no other host."""
+
+    def __init__(self, timeout: float = 10.0):
+        self.timeout = float(timeout)
+        self.keys: dict[str, str] = {}
+        self.bases: dict[str, str] = {}  # origin -> the URL the key was given with (its API's root)
+        self.fixed: set[str] = set()  # origins whose key came from the command line: kept
+        self.access: dict[str, str] = {}
+        self.opener = urllib.request.build_opener(_SameOriginRedirects)
+
+    def give(self, url: str, key: str, fixed: bool = False) -> None:
+        where = origin(url)
+        if where is None or (where in self.fixed and not fixed):
+            return
+        if self.keys.get(where) != key:
+            self.access.pop(where, None)
+        self.keys[where], self.bases[where] = key, url
+        if fixed:
+            self.fixed.add(where)
+
+    def get(self, url: str, where: str, limit: int = -1) -> bytes:
+        """The body of GET `url` with its host's key; RequestError (502) names what failed."""
+        host = origin(url)
+        key = self.keys.get(host, "")
+        for renew in (False, True):
+            request = urllib.request.Request(url)
+            if key:
+                request.add_header("Authorization", self._authorization(host, key, where, renew))
+            try:
+                with self.opener.open(request, timeout=self.timeout) as response:  # noqa: S310 - host checked
+                    return response.read(limit)
+            except urllib.error.HTTPError as e:
+                if e.code == 401 and not renew and is_personal_access_token(key):
+                    continue  # the access token expired: one new one
+                hint = ("; Label Studio 1.2x disables legacy tokens by default: give a Personal Access Token "
+                        "($LABEL_STUDIO_API_KEY)" if e.code == 401 and key and not is_personal_access_token(key)
+                        else "")
+                raise RequestError(502, f"{where}: Label Studio answered {e.code} for {url}{hint}") from None
+            except _OffHost as e:
+                raise RequestError(502, f"{where}: Label Studio redirected {url} to {e.args[0]}, another host: "
+                                        f"not followed (no key goes there)") from None
+            except (urllib.error.URLError, TimeoutError, OSError) as e:
+                raise RequestError(502, f"{where}: could not fetch {url} ({getattr(e, 'reason', e)})") from None
+        raise AssertionError("unreachable")
+
+    def _authorization(self, host: str, key: str, where: str, renew: bool) -> str:
+        if not is_personal_access_token(key):
+            return f"Token {key.strip()}"
+        if renew or host not in self.access:
+            self.access[host] = self._refresh(host, key.strip(), where)
+        return f"Bearer {self.access[host]}"
+
+    def _refresh(self, host: str, key: str, where: str) -> str:
+        url = urllib.parse.urljoin(self.bases[host].rstrip("/") + "/", "api/token/refresh/")
+        request = urllib.request.Request(url, data=json.dumps({"refresh": key}).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with self.opener.open(request, timeout=self.timeout) as response:  # noqa: S310 - host checked
+                access = json.loads(response.read(2**20)).get("access")
+        except urllib.error.HTTPError as e:
+            raise RequestError(502, f"{where}: Label Studio answered {e.code} to the Personal Access Token at {url}: "
+                                    f"make a new one (Account & Settings > Personal Access Token)") from None
+        except _OffHost as e:
+            raise RequestError(502, f"{where}: Label Studio redirected {url} to {e.args[0]}, another host: "
+                                    f"not followed (no key goes there)") from None
+        except (urllib.error.URLError, TimeoutError, OSError, ValueError, AttributeError) as e:
+            raise RequestError(502, f"{where}: could not renew the access token at {url} "
+                                    f"({getattr(e, 'reason', e)})") from None
+        if not isinstance(access, str) or not access:
+            raise RequestError(502, f"{where}: {url} answered no access token")
+        return access
+
+
+def labelling_config(keypoint_names) -> str:
+    """The labelling config of a model's keypoints (XML text) that `/predict` answers as it is: an
+    `<Image>` `image`, a `<RectangleLabels>` `person` and a `<KeyPointLabels>` `keypoints` with one
+    `<Label>` per keypoint name, and the per-region occlusion choice `vitpose import-annotations` reads."""
+    labels = "\n".join(f'    <Label value="{xml_escape(name, {chr(34): "&quot;"})}"/>' for name in keypoint_names)
+    return ("<View>\n  <Image name=\"image\" value=\"$image\"/>\n"
+            "  <RectangleLabels name=\"person\" toName=\"image\"><Label value=\"person\"/></RectangleLabels>\n"
+            f"  <KeyPointLabels name=\"keypoints\" toName=\"image\">\n{labels}\n  </KeyPointLabels>\n"
+            "  <Choices name=\"visibility\" toName=\"image\" perRegion=\"true\"><Choice value=\"occluded\"/></Choices>\n"
+            "</View>\n")
+
+
+def origin(url) -> str | None:
+    """`scheme://host:port` of an http(s) URL (the default port written out), else None."""
+    try:
+        parts = urllib.parse.urlsplit(str(url).strip())
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    return f"{parts.scheme}://{parts.hostname.lower()}:{port}"
+
+
 class TaskImages:
     """The bytes of a task's image: from `image_dir`, a `data:` URL, or the Label Studio named by
-    `/setup` or `labelstudio_url` (see the module docstring). `max_bytes` bounds every read."""
+    `labelstudio_url` or `/setup` (see the module docstring). `max_bytes` bounds every read.
+
+    A key goes only to the host it was given for: `access_token` (else $LABEL_STUDIO_API_KEY) to
+    `labelstudio_url`, `/setup`'s `access_token` to `/setup`'s `hostname` (`LabelStudioAuth`)."""
 
     def __init__(self, image_dir=None, labelstudio_url: str | None = None, access_token: str | None = None,
                  max_bytes: int = 0, timeout: float = 10.0):
         self.image_dir = Path(image_dir).resolve() if image_dir is not None else None
         self.labelstudio_url = labelstudio_url or None
-        self.access_token = access_token or os.environ.get("LABEL_STUDIO_API_KEY") or None
+        self.pinned = self.labelstudio_url is not None  # named on the command line: /setup never changes it
         self.max_bytes = int(max_bytes)
         self.timeout = float(timeout)
+        self.auth = LabelStudioAuth(timeout)
+        key = access_token or os.environ.get("LABEL_STUDIO_API_KEY") or None
+        if self.pinned and key:
+            self.auth.give(self.labelstudio_url, key, fixed=True)
 
-    def set_up(self, hostname, access_token) -> None:
-        """`/setup`'s `hostname` and `access_token` (a command-line `--labelstudio-url` wins)."""
-        if hostname and isinstance(hostname, str) and self.labelstudio_url is None:
-            self.labelstudio_url = hostname
+    @property
+    def access_token(self) -> str | None:
+        """The key that goes to the Label Studio in use (None: no key)."""
+        return self.auth.keys.get(origin(self.labelstudio_url)) if self.labelstudio_url else None
+
+    def set_up(self, hostname, access_token, may_replace: bool = False) -> None:
+        """`/setup`'s `hostname` and `access_token`. A host named on the command line is never
+        replaced; otherwise the first `/setup` names the host, and a later one may name another only
+        when `may_replace` (its caller sent the server's token), else 409. Its key goes to its own
+        host only (a key from the command line wins there)."""
+        if not hostname or not isinstance(hostname, str):
+            return  # a key without its host is sent nowhere
+        if origin(hostname) is None:
+            raise RequestError(422, f"/setup: hostname {hostname[:80]!r} is not an http(s) URL")
+        current = self.labelstudio_url
+        if not self.pinned and current is not None and origin(hostname) != origin(current) and not may_replace:
+            raise RequestError(409, f"/setup: the Label Studio host is already {current} (named by an earlier "
+                                    f"/setup); restart vitpose serve with --labelstudio-url {hostname}, or with "
+                                    f"--token so that an authenticated /setup may change it")
         if access_token and isinstance(access_token, str):
-            self.access_token = access_token
+            self.auth.give(hostname, access_token)
+        if not self.pinned:
+            self.labelstudio_url = hostname
 
     def read(self, url: str, where: str) -> tuple[bytes, str]:
         """(image bytes, its file name) of a task's image URL; RequestError names the task."""
@@ -179,19 +330,9 @@ class TaskImages:
     def _fetch(self, url: str, where: str) -> bytes:
         base = urllib.parse.urlsplit(self.labelstudio_url)
         full = urllib.parse.urljoin(self.labelstudio_url.rstrip("/") + "/", url)
-        target = urllib.parse.urlsplit(full)
-        if (target.scheme, target.netloc) != (base.scheme, base.netloc) or target.scheme not in ("http", "https"):
+        if origin(full) is None or origin(full) != origin(self.labelstudio_url):
             raise RequestError(422, f"{where}: the image URL {url!r} is not on Label Studio's host "
                                     f"{base.scheme}://{base.netloc}; only its images are fetched")
-        request = urllib.request.Request(full)
-        if self.access_token:
-            request.add_header("Authorization", f"Token {self.access_token}")
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310 - host checked above
-                data = response.read(self.max_bytes + 1 if self.max_bytes else -1)
-        except urllib.error.HTTPError as e:
-            raise RequestError(502, f"{where}: Label Studio answered {e.code} for {full}") from None
-        except (urllib.error.URLError, TimeoutError, OSError) as e:
-            raise RequestError(502, f"{where}: could not fetch {full} ({getattr(e, 'reason', e)})") from None
+        data = self.auth.get(full, where, self.max_bytes + 1 if self.max_bytes else -1)
         self._too_big(len(data), where)
         return data
