@@ -7,6 +7,7 @@ In-process (the batch thread, the application called as ASGI):
   the other requests: no forward pass holds more than `max_batch` crops, a 1-box request submitted
   while 3000 boxes are being computed is answered within a few batches, and once the big request
   is cancelled (its timeout, or its client gone) none of its remaining slices is computed.
+- A request whose client closes its connection while it waits is cancelled and never computed.
 - A job cancelled while its batch runs is dropped when the batch ends, and the thread goes on
   serving (the next job is answered).
 - A body sent in chunks without Content-Length is refused as soon as it is over the limit; a body
@@ -34,6 +35,7 @@ import json
 import socket
 import threading
 import time
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -117,6 +119,7 @@ def test_a_request_of_many_boxes_takes_turns_and_is_dropped_once_cancelled():
         calls = len(record.calls)
         time.sleep(0.3)
         assert len(record.calls) <= calls + 1, "the cancelled request's slices are still being computed"
+        assert big in futures.wait([big], timeout=5).done  # dropped, and its waiters told
         assert max(sum(c) for c in record.calls) <= 8  # no forward pass over max_batch crops
         assert sum(sum(c) for c in record.calls) < 3000
     finally:
@@ -158,8 +161,37 @@ def test_a_job_cancelled_while_its_batch_runs_is_dropped_and_the_thread_goes_on(
         running.cancel()
         record.gate.set()
         assert runner.submit(image, np.zeros((3, 5), np.float32)).result(timeout=10) == 3
-        assert running.cancelled()
+        assert running in futures.wait([running], timeout=5).done  # dropped, and its waiters told
     finally:
+        runner.close()
+
+
+def test_a_request_whose_client_has_gone_is_not_computed():
+    from vitpose.serve.app import Service, Settings
+    from vitpose.serve.batching import BatchRunner, Metrics
+    from vitpose.serve.labelstudio import RequestError
+
+    record = _Recorder()
+    record.gate.clear()
+    runner = BatchRunner(record, max_batch=8, max_wait=0.0)
+    service = Service(StandIn(), None, Settings(model_name="stand-in", timeout=30), runner, Metrics(), None)
+    image = np.zeros((4, 4, 3), np.uint8)
+    try:
+        first = runner.submit(image, np.zeros((8, 5), np.float32))  # holds the batch thread at the gate
+        time.sleep(0.2)
+
+        async def client_closed():
+            return {"type": "http.disconnect"}
+
+        with pytest.raises(RequestError) as gone:
+            asyncio.run(service.poses(image, np.zeros((3, 5), np.float32), client_closed))
+        assert gone.value.status == 499
+        record.gate.set()
+        assert first.result(timeout=10) == 8
+        time.sleep(0.3)
+        assert record.calls == [[8]]  # the gone client's 3 boxes never went through the network
+    finally:
+        record.gate.set()
         runner.close()
 
 

@@ -133,8 +133,12 @@ class BatchRunner:
     def _next_batch(self) -> list[tuple[_Job, object]]:
         """(job, slice of boxes) pairs of the next batch: one slice of each job in turn, up to
         `max_batch` crops; a job that gave a slice goes to the end of the turns."""
-        # drops the jobs that are done (failed) or cancelled (their request gave up)
-        self._turns = deque(job for job in self._turns if job.slices and not job.future.done())
+        turns, self._turns = self._turns, deque()
+        for job in turns:  # drops the jobs that are done (failed) or cancelled (their request gave up)
+            if job.slices and job.future.cancelled():
+                job.finish()  # its waiters are told it was dropped
+            elif job.slices:
+                self._turns.append(job)
         batch, crops, again = [], 0, []
         while self._turns:
             weight = _weight(self._turns[0].slices[0])
