@@ -8,6 +8,7 @@ In-process (the batch thread, the application called as ASGI):
   while 3000 boxes are being computed is answered within a few batches, and once the big request
   is cancelled (its timeout, or its client gone) none of its remaining slices is computed.
 - A request whose client closes its connection while it waits is cancelled and never computed.
+- The batch thread lets go of a job's image once the job is done.
 - A job cancelled while its batch runs is dropped when the batch ends, and the thread goes on
   serving (the next job is answered).
 - A body sent in chunks without Content-Length is refused as soon as it is over the limit; a body
@@ -31,10 +32,12 @@ A real server (a subprocess on a free port, the tiny random-weights model, 2 CPU
 
 import asyncio
 import base64
+import gc
 import json
 import socket
 import threading
 import time
+import weakref
 from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -144,6 +147,22 @@ def test_slices_of_one_image_are_joined_into_its_poses_in_order(serve):
         poses = runner.submit(np.zeros((40, 40, 3), np.uint8), boxes).result(timeout=30)
         np.testing.assert_array_equal(poses.boxes, boxes[:, :4])
         assert len(poses) == 11 and metrics.forward_passes == 3 and metrics.crops == 11
+    finally:
+        runner.close()
+
+
+def test_the_batch_thread_lets_go_of_an_image_once_its_job_is_done():
+    """The pixel budget counts an answered request's pixels free: the thread must not keep its image."""
+    from vitpose.serve.batching import BatchRunner
+
+    runner = BatchRunner(_Recorder(), max_batch=8, max_wait=0.0)
+    try:
+        image = np.zeros((64, 64, 3), np.uint8)
+        alive = weakref.ref(image)
+        assert runner.submit(image, np.zeros((2, 5), np.float32)).result(timeout=10) == 2
+        del image
+        gc.collect()
+        assert alive() is None, "the batch thread still holds the image of an answered request"
     finally:
         runner.close()
 

@@ -16,7 +16,7 @@ network together, up to --max-batch crops, waiting at most --max-wait-ms for mor
 
 Slow and greedy clients cannot starve the others: a body that goes --body-timeout seconds (10)
 without a byte is given up (408, connection closed, its --max-in-flight slot freed); at most
---max-pixels-in-flight pixels (default twice the pixel limit: 300 megapixels, about 1.8 GB of
+--max-pixels-in-flight pixels (default twice the pixel limit: 300 megapixels, about 2 GB of
 decoding memory at ~6 bytes a pixel) are decoded or answered at once, counted from the images'
 headers (a request beyond it waits up to 2 s, then gets 503 with Retry-After; Label Studio's tasks
 are decoded one at a time within it); a request has at most --max-boxes boxes (1000; more: 413), and

@@ -60,6 +60,7 @@ class _Job:
 
     def finish(self, result=None, error: BaseException | None = None) -> None:
         self.slices.clear()
+        self.image = None  # its memory goes now: the pixel budget counts it free once the request is answered
         if not self.future.set_running_or_notify_cancel():  # cancelled meanwhile: nobody waits for it
             return
         if error is not None:

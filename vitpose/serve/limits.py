@@ -7,8 +7,9 @@
 - `PixelBudget(limit, wait)`: the pixels of the images decoded or being decoded at once
   (`--max-pixels-in-flight`), counted from each image's header before it is decoded. A request
   that would go over it waits up to `wait` seconds for others to finish, then gets 503 with
-  `Retry-After`: decoding memory is bounded by the budget (about 3 bytes a pixel for the BGR
-  image, plus the decoder's own work space), not by the number of requests.
+  `Retry-After`: decoding memory is bounded by the budget (about 6 bytes a pixel: the decoded BGR
+  image and the pipeline's RGB copy), not by the number of requests. A request holds its pixels
+  until its poses are computed; the batch thread lets go of a job's image when the job is done.
 - `client_gone(receive)`: returns when the client of a request whose body was read has closed
   its connection (its poses are then not computed).
 
