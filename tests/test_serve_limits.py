@@ -12,7 +12,8 @@ In-process (the batch thread, the application called as ASGI):
 - A job cancelled while its batch runs is dropped when the batch ends, and the thread goes on
   serving (the next job is answered).
 - A body sent in chunks without Content-Length is refused as soon as it is over the limit; a body
-  that stalls is given up after `body_timeout` (408, `Connection: close`).
+  that stalls is given up after `body_timeout` (408, `Connection: close`), and so is one that
+  trickles a byte at a time.
 - The pixel budget: a second image that does not fit waits, then gets 503 with `Retry-After`;
   one that fits once the first is done is served.
 - Label Studio's `/predict` decodes its tasks one at a time, each within the pixel budget.
@@ -214,7 +215,7 @@ def test_a_request_whose_client_has_gone_is_not_computed():
         runner.close()
 
 
-def _send_chunks(app, chunks, stall: bool = False, headers=None):
+def _send_chunks(app, chunks, stall: bool = False, headers=None, trickle: float = 0.0):
     """(status, headers, answer) of a POST whose body comes in `chunks` (no Content-Length); with
     `stall`, the client sends the chunks and then nothing more."""
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
@@ -225,6 +226,7 @@ def _send_chunks(app, chunks, stall: bool = False, headers=None):
 
     async def receive():
         if left:
+            await asyncio.sleep(trickle)
             chunk = left.pop(0)
             return {"type": "http.request", "body": chunk, "more_body": bool(left) or stall}
         await asyncio.sleep(3600)  # a stalled client, or one waiting for its answer
@@ -247,6 +249,10 @@ def test_a_chunked_body_over_the_limit_and_a_stalled_body_are_refused(serve):
     assert status == 408 and "--body-timeout" in answer["error"] and headers.get("connection") == "close"
     assert time.monotonic() - start < 5
     assert service.metrics.in_flight == 0
+    # one that trickles a byte every 50 ms (never idle for body_timeout) is given up all the same
+    start = time.monotonic()
+    status, headers, answer = _send_chunks(app, [b"x"] * 400, trickle=0.05)
+    assert status == 408 and "--body-timeout" in answer["error"] and time.monotonic() - start < 1.5
 
 
 def _png(width: int, height: int) -> bytes:

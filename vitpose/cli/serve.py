@@ -15,7 +15,8 @@ network together, up to --max-batch crops, waiting at most --max-wait-ms for mor
 (Settings > Model > Connect model, URL of this server): vitpose/serve/labelstudio.py.
 
 Slow and greedy clients cannot starve the others: a body that goes --body-timeout seconds (10)
-without a byte is given up (408, connection closed, its --max-in-flight slot freed); at most
+without a byte, or slower than 16 KB/s after that long, is given up (408, connection closed, its
+--max-in-flight slot freed); at most
 --max-pixels-in-flight pixels (default twice the pixel limit: 300 megapixels, about 2 GB of
 decoding memory at ~6 bytes a pixel) are decoded or answered at once, counted from the images'
 headers (a request beyond it waits up to 2 s, then gets 503 with Retry-After; Label Studio's tasks

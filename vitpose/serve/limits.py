@@ -3,7 +3,8 @@
 - `read_body(request, limit, timeout)`: the body, refused (413) as soon as it is known to be over
   `--max-body-mb`, and given up (408, the connection closed) when no byte of it arrived for
   `--body-timeout` seconds: a client that sends headers and part of a body and stalls frees its
-  `--max-in-flight` slot after that long.
+  `--max-in-flight` slot after that long. One that trickles (a byte now and then) is given up
+  once it is past `--body-timeout` plus a second per `MIN_BODY_RATE` bytes it sent.
 - `PixelBudget(limit, wait)`: the pixels of the images decoded or being decoded at once
   (`--max-pixels-in-flight`), counted from each image's header before it is decoded. A request
   that would go over it waits up to `wait` seconds for others to finish, then gets 503 with
@@ -21,13 +22,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 import numpy as np
 
 from vitpose.files import image_header_size, max_pixels_limit
 from vitpose.serve.labelstudio import RequestError
 
-__all__ = ["LimitError", "PixelBudget", "client_gone", "default_pixel_budget", "header_pixels", "read_body"]
+__all__ = ["MIN_BODY_RATE", "LimitError", "PixelBudget", "client_gone", "default_pixel_budget", "header_pixels", "read_body"]
+
+
+MIN_BODY_RATE = 16 * 1024  # bytes a second a body must average after its first --body-timeout seconds
 
 
 class LimitError(RequestError):
@@ -48,12 +53,18 @@ async def read_body(request, limit: int, timeout: float | None = None) -> bytes:
         if int(length) > limit:
             raise RequestError(413, f"the body is {int(length)} bytes, over the limit of {limit} (--max-body-mb)")
     chunks, size, more = [], 0, True
+    start = time.monotonic()
     while more:
+        # no byte for `timeout` seconds, or past `timeout` plus a second per MIN_BODY_RATE bytes received
+        left = None if timeout is None else min(timeout, start + timeout + size / MIN_BODY_RATE - time.monotonic())
         try:
-            message = await asyncio.wait_for(request.receive(), timeout)
+            if left is not None and left <= 0:
+                raise asyncio.TimeoutError
+            message = await asyncio.wait_for(request.receive(), left)
         except asyncio.TimeoutError:
-            raise LimitError(408, f"no byte of the body arrived for {timeout:g} s (--body-timeout); send the "
-                                  f"whole body at once", {"Connection": "close"}) from None
+            raise LimitError(408, f"the body did not arrive in time: {size} bytes in {time.monotonic() - start:.0f} s "
+                                  f"(--body-timeout {timeout:g} s, then at least {MIN_BODY_RATE // 1024} KB/s)",
+                             {"Connection": "close"}) from None
         if message["type"] == "http.disconnect":
             raise RequestError(400, "the client closed the connection before its body arrived")
         chunk = message.get("body", b"")
