@@ -15,7 +15,8 @@ Endpoints (JSON unless said; every error is `{"error": "one line"}` with a 4xx o
   (`vitpose.serve.labelstudio`).
 
 Limits (`vitpose.serve.limits`): the body (`--max-body-mb`, checked on Content-Length and while
-reading; `--body-timeout` seconds without a byte of it: 408 and the connection closed), the pixel
+reading; `--body-timeout` seconds without a byte of it, or slower than 16 KB/s after that: 408 and
+the connection closed), the pixel
 limit (`vitpose.files`, read from the image's header before decoding), the pixels decoded at once
 (`--max-pixels-in-flight`, counted from the headers: beyond it a short wait, then 503 with
 `Retry-After`; Label Studio's tasks are decoded one at a time within it), the boxes of a request
