@@ -47,16 +47,20 @@ def call(app, method: str, target: str, body: bytes = b"", headers=None):
              "path": path, "raw_path": path.encode(), "query_string": query.encode(), "root_path": "",
              "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()],
              "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000)}
-    messages, received = [], []
+    messages, received, answered = [], [], []
 
     async def receive():
-        if received:
+        if received:  # as a server does: the disconnect comes once the client has its answer
+            while not answered:
+                await asyncio.sleep(0.01)
             return {"type": "http.disconnect"}
         received.append(True)
         return {"type": "http.request", "body": body, "more_body": False}
 
     async def send(message):
         messages.append(message)
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            answered.append(True)
 
     async def run():
         try:

@@ -14,6 +14,18 @@ network together, up to --max-batch crops, waiting at most --max-wait-ms for mor
 (vitpose.serve.batching). Endpoints, limits and errors: vitpose/serve/app.py; Label Studio
 (Settings > Model > Connect model, URL of this server): vitpose/serve/labelstudio.py.
 
+Slow and greedy clients cannot starve the others: a body that goes --body-timeout seconds (10)
+without a byte, or slower than 16 KB/s after that long, is given up (408, connection closed, its
+--max-in-flight slot freed); at most
+--max-pixels-in-flight pixels (default twice the pixel limit: 300 megapixels, about 2 GB of
+decoding memory at ~6 bytes a pixel) are decoded or answered at once, counted from the images'
+headers (a request beyond it waits up to 2 s, then gets 503 with Retry-After; Label Studio's tasks
+are decoded one at a time within it); a request has at most --max-boxes boxes (1000; more: 413), and
+a request's boxes go through the network --max-batch at a time, taking turns with the other
+requests, so none waits past its --timeout behind another's; a request that gave up (504, or its
+client gone) is not computed further. /v1/health says "saturated" when --max-in-flight or the pixel
+budget is used up.
+
 It listens on loopback unless --host says otherwise, which needs --token. Label Studio: docs/labelstudio.md
 (the labelling config of the model: GET /v1/labelstudio-config, printed at start-up). SIGTERM stops
 accepting connections, answers the requests in flight and exits 0; Ctrl-C does the same and exits 130.
@@ -55,6 +67,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--max-in-flight", type=int, default=64,
                    help="requests answered at once; more get 503 (bounds the memory they hold; default: %(default)s)")
     p.add_argument("--max-body-mb", type=float, default=20.0, help="largest request body in MB (default: %(default)s)")
+    p.add_argument("--body-timeout", type=float, default=10.0,
+                   help="seconds a request body may go without a byte arriving; then 408 and the connection is "
+                        "closed (default: %(default)s)")
+    p.add_argument("--max-pixels-in-flight", type=int, default=None,
+                   help="pixels of the images decoded or answered at once, read from their headers; beyond it a "
+                        "request waits up to 2 s, then 503 with Retry-After (default: twice the pixel limit, "
+                        "300000000; 0 = no limit)")
+    p.add_argument("--max-boxes", type=int, default=1000,
+                   help="boxes one request may send; more get 413 (default: %(default)s)")
     p.add_argument("--max-pixels", type=int, default=None,
                    help="largest image in pixels, read from its header before decoding (default: $VITPOSE_MAX_PIXELS "
                         "or 150000000)")
@@ -80,6 +101,12 @@ def _check_flags(args) -> None:
         raise ServeError(f"--timeout must be > 0 seconds, got {args.timeout}")
     if args.max_in_flight < 1:
         raise ServeError(f"--max-in-flight must be >= 1, got {args.max_in_flight}")
+    if not args.body_timeout > 0:
+        raise ServeError(f"--body-timeout must be > 0 seconds, got {args.body_timeout}")
+    if args.max_pixels_in_flight is not None and args.max_pixels_in_flight < 0:
+        raise ServeError(f"--max-pixels-in-flight must be >= 0 (0 = no limit), got {args.max_pixels_in_flight}")
+    if args.max_boxes < 1:
+        raise ServeError(f"--max-boxes must be >= 1, got {args.max_boxes}")
     if not args.max_body_mb > 0:
         raise ServeError(f"--max-body-mb must be > 0, got {args.max_body_mb}")
     if args.max_pixels is not None and args.max_pixels < 0:
@@ -143,7 +170,9 @@ def run(args) -> int:
     model_name = Path(args.model).name if Path(args.model).exists() else str(args.model)
     settings = serve_app.Settings(model_name=model_name, max_body=max_body, max_pixels=args.max_pixels,
                                   timeout=args.timeout, token=token, mark_below=args.mark_below,
-                                  max_in_flight=args.max_in_flight, details=details)
+                                  max_in_flight=args.max_in_flight, body_timeout=args.body_timeout,
+                                  max_pixels_in_flight=args.max_pixels_in_flight, max_boxes=args.max_boxes,
+                                  details=details)
     service = serve_app.open_service(predictor, spec, settings, max_wait=args.max_wait_ms / 1000,
                                      task_images=TaskImages(args.image_dir, args.labelstudio_url, max_bytes=max_body))
 

@@ -17,12 +17,18 @@ Endpoints (JSON unless said; every error is `{"error": "one line"}` with a 4xx o
   (acknowledged), and `GET /v1/labelstudio-config`, the labelling config of the model's keypoints
   (`vitpose.serve.labelstudio`).
 
-Limits: the body (`--max-body-mb`, checked on Content-Length and while reading), the pixel limit
-(`vitpose.files`, read from the image's header before decoding), a per-request timeout, the
-requests answered at once (`--max-in-flight`, beyond it 503: the memory they hold is bounded). With
-`--token`, every endpoint but `/`, `/v1/health`, `/health` and `/webhook` (which reads nothing)
-needs `Authorization: Bearer TOKEN` (or HTTP Basic with the token as password: what Label Studio
-sends to a backend). Every answer of 400 or more is one line on the console (`ErrorLog`).
+Limits (`vitpose.serve.limits`): the body (`--max-body-mb`, checked on Content-Length and while
+reading; `--body-timeout` seconds without a byte of it, or slower than 16 KB/s after that: 408 and
+the connection closed), the pixel
+limit (`vitpose.files`, read from the image's header before decoding), the pixels decoded at once
+(`--max-pixels-in-flight`, counted from the headers: beyond it a short wait, then 503 with
+`Retry-After`; Label Studio's tasks are decoded one at a time within it), the boxes of a request
+(`--max-boxes`, beyond it 413), a per-request timeout (504; a request whose client has gone is not
+computed), the requests answered at once (`--max-in-flight`, beyond it 503 with `Retry-After`;
+`/v1/health` says when the server is saturated). With `--token`, every endpoint but `/`,
+`/v1/health`, `/health` and `/webhook` (which reads nothing) needs `Authorization: Bearer TOKEN`
+(or HTTP Basic with the token as password: what Label Studio sends to a backend). Every answer of
+400 or more is one line on the console (`ErrorLog`).
 Images are decoded as `vitpose predict` decodes files (`vitpose.data.image_io.decode_image`: BGR,
 truncation and pixel checks), so the server's records for an image equal the command's.
 
@@ -73,10 +79,11 @@ from vitpose.inference.runner import predict_chunk
 from vitpose.serve.batching import BatchRunner, Metrics
 from vitpose.serve.console import ErrorLog, error_line
 from vitpose.serve.labelstudio import MODEL_VERSION, RequestError, TaskImages, labelling_config, labelling_names
+from vitpose.serve.limits import LimitError, PixelBudget, client_gone, default_pixel_budget, header_pixels, read_body
 from vitpose.serve.openapi import openapi_schema
 
 __all__ = ["ENDPOINTS", "Endpoint", "InFlightLimit", "RequestMetrics", "Service", "Settings", "TokenCheck",
-           "batch_function", "build_app", "error_response", "open_service"]
+           "batch_function", "build_app", "error_response", "open_service", "read_body"]
 
 
 @dataclass
@@ -90,6 +97,10 @@ class Settings:
     token: str | None = None
     mark_below: float = 0.3
     max_in_flight: int = 64  # requests being answered at once (each holds a body and a decoded image)
+    body_timeout: float = 10.0  # seconds a request body may go without a byte arriving
+    max_pixels_in_flight: int | None = None  # None: twice the pixel limit (limits.default_pixel_budget)
+    pixel_wait: float = 2.0  # seconds a request waits for --max-pixels-in-flight before its 503
+    max_boxes: int = 1000  # boxes of one request (each one crop through the network)
     details: dict = field(default_factory=dict)  # device, precision, flip test, ... for /v1/model
 
 
@@ -106,18 +117,42 @@ class Service:
         self.runner = runner
         self.metrics = metrics
         self.task_images = task_images
+        budget = settings.max_pixels_in_flight
+        self.budget = PixelBudget(default_pixel_budget(settings.max_pixels) if budget is None else budget,
+                                  settings.pixel_wait)
 
-    async def poses(self, image: np.ndarray, boxes):
-        """The image's `Poses`, computed in a batch with other requests' images."""
+    async def poses(self, image: np.ndarray, boxes, receive=None):
+        """The image's `Poses`, computed in a batch with other requests' images. `receive`: the
+        request's, once its body was read; a client that closes its connection cancels the job."""
         if boxes is None and self.predictor.detector is None:
             raise RequestError(400, "this server has no person detector (--detector none): send boxes")
         future = self.runner.submit(image, boxes)
+        answer = asyncio.wrap_future(future)  # cancelling it cancels the job: its remaining slices are dropped
+        gone = asyncio.ensure_future(client_gone(receive)) if receive is not None else None
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(future), self.settings.timeout)
-        except asyncio.TimeoutError:
-            future.cancel()
-            raise RequestError(504, f"no answer within the request timeout of {self.settings.timeout:g} s "
-                                    f"(--timeout); the server is busy") from None
+            done, _ = await asyncio.wait([answer] + ([gone] if gone else []), timeout=self.settings.timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if gone is not None:
+                gone.cancel()
+        if answer in done:
+            return answer.result()
+        answer.cancel()
+        if gone is not None and gone in done:
+            raise RequestError(499, "the client closed the connection; its poses were not computed")
+        raise RequestError(504, f"no answer within the request timeout of {self.settings.timeout:g} s "
+                                f"(--timeout); the server is busy")
+
+    async def decoded_poses(self, data: bytes, name: str, boxes, receive=None):
+        """(the `Poses`, (height, width)) of an encoded image, decoded within the pixel budget (held
+        until its poses are computed: the decoded image lives that long)."""
+        try:
+            check_pixel_limit(np.frombuffer(data, np.uint8), name, self.settings.max_pixels)
+        except ImageTooLargeError as e:
+            raise RequestError(413, str(e)) from None
+        async with self.budget.hold(header_pixels(data, self.settings.max_pixels)):
+            image = await run_in_threadpool(decode, data, name, self.settings.max_pixels)
+            return await self.poses(image, boxes, receive), image.shape[:2]
 
 
 class _CountedPasses:
@@ -167,23 +202,6 @@ def open_service(predictor, spec, settings: Settings, *, max_wait: float,
 # Request parts
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refused (413) as soon as it is known to exceed `limit` bytes."""
-    length = request.headers.get("content-length")
-    if length is not None:
-        if not length.strip().isdigit():
-            raise RequestError(400, f"Content-Length {length!r} is not a number of bytes")
-        if int(length) > limit:
-            raise RequestError(413, f"the body is {int(length)} bytes, over the limit of {limit} (--max-body-mb)")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise RequestError(413, f"the body is over the limit of {limit} bytes (--max-body-mb)")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 async def _form(headers: Headers, body: bytes) -> dict:
     async def stream():
         yield body
@@ -212,8 +230,9 @@ def _option(fields: dict, query, name: str, default=None):
     return default if value is None else value
 
 
-def parse_boxes(text, box_format: str):
-    """`boxes` (JSON text) -> (M, 5) float32 xyxy + score, or None; RequestError names the problem."""
+def parse_boxes(text, box_format: str, max_boxes: int | None = None):
+    """`boxes` (JSON text) -> (M, 5) float32 xyxy + score, or None; RequestError names the problem
+    (413 for more than `max_boxes`)."""
     if text is None:
         return None
     if box_format not in ("xyxy", "xywh"):
@@ -222,6 +241,9 @@ def parse_boxes(text, box_format: str):
         rows = json.loads(text)
     except ValueError:
         raise RequestError(400, f"boxes must be JSON, e.g. [[x1, y1, x2, y2], ...]; got {str(text)[:80]!r}") from None
+    if max_boxes is not None and isinstance(rows, list) and len(rows) > max_boxes:
+        raise RequestError(413, f"{len(rows)} boxes, over the limit of {max_boxes} per request (--max-boxes); "
+                                f"send them in several requests")
     if not isinstance(rows, list) or not all(
             isinstance(row, list) and len(row) in (4, 5)
             and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in row)
@@ -267,7 +289,7 @@ def _service(request: Request) -> Service:
 async def predict(request: Request) -> Response:
     service = _service(request)
     start = time.perf_counter()
-    body = await read_body(request, service.settings.max_body)
+    body = await read_body(request, service.settings.max_body, service.settings.body_timeout)
     content_type = request.headers.get("content-type", "")
     fields, upload_name = {}, None
     if content_type.lower().startswith("multipart/form-data"):
@@ -284,25 +306,28 @@ async def predict(request: Request) -> Response:
         mark_below = float(mark_below)
     except ValueError:
         raise RequestError(400, f"mark_below must be a number, got {mark_below!r}") from None
-    boxes = parse_boxes(_option(fields, query, "boxes"), _option(fields, query, "box_format", "xyxy"))
+    boxes = parse_boxes(_option(fields, query, "boxes"), _option(fields, query, "box_format", "xyxy"),
+                        service.settings.max_boxes)
     name = _file_name(_option(fields, query, "file_name", upload_name))
-    image = await run_in_threadpool(decode, body, name, service.settings.max_pixels)
-    poses = await service.poses(image, boxes)
+    poses, (height, width) = await service.decoded_poses(body, name, boxes, request.receive)
     image_id = image_ids([name])[0][0]
-    records, nonfinite = image_records(poses, name, image_id, image.shape[:2] if fmt != "coco" else None)
+    records, nonfinite = image_records(poses, name, image_id, (height, width) if fmt != "coco" else None)
     if fmt == "labelstudio":
         return Response(render_records(records, fmt, service.skeleton, mark_below), media_type="application/json")
     if fmt == "cvat":
         return Response(render_records(records, fmt, service.skeleton, mark_below), media_type="application/xml")
-    return JSONResponse({"records": records, "file_name": name, "image_id": image_id, "width": image.shape[1],
-                         "height": image.shape[0], "nonfinite": nonfinite, "model": service.settings.model_name,
+    return JSONResponse({"records": records, "file_name": name, "image_id": image_id, "width": width,
+                         "height": height, "nonfinite": nonfinite, "model": service.settings.model_name,
                          "seconds": round(time.perf_counter() - start, 6)})
 
 
 async def health(request: Request) -> Response:
     service = _service(request)
-    return JSONResponse({"status": "ok", "model": service.settings.model_name,
-                         "in_flight": service.metrics.in_flight})
+    in_flight, limit = service.metrics.in_flight, service.settings.max_in_flight
+    saturated = in_flight >= limit or service.budget.limit > 0 and service.budget.in_use >= service.budget.limit
+    return JSONResponse({"status": "saturated" if saturated else "ok", "model": service.settings.model_name,
+                         "in_flight": in_flight, "max_in_flight": limit, "saturated": saturated,
+                         "pixels_in_flight": service.budget.in_use, "max_pixels_in_flight": service.budget.limit})
 
 
 async def model_info(request: Request) -> Response:
@@ -317,7 +342,9 @@ async def model_info(request: Request) -> Response:
                      "link_colors": [list(c) for c in skeleton.link_colors]},
         "settings": {"max_batch": service.runner.max_batch, "max_wait_ms": 1000 * service.runner.max_wait,
                      "max_body_bytes": service.settings.max_body, "timeout_s": service.settings.timeout,
-                     "mark_below": service.settings.mark_below, **service.settings.details},
+                     "mark_below": service.settings.mark_below, "body_timeout_s": service.settings.body_timeout,
+                     "max_boxes": service.settings.max_boxes, "max_pixels_in_flight": service.budget.limit,
+                     **service.settings.details},
     })
 
 
@@ -336,7 +363,7 @@ async def _json_body(request: Request, service: Service) -> dict:
     # JSON only: a web page can send a text/plain body to a local server without asking first
     if request.headers.get("content-type", "").partition(";")[0].strip().lower() != "application/json":
         raise RequestError(415, f"{request.url.path} reads JSON: send 'Content-Type: application/json'")
-    body = await read_body(request, service.settings.max_body)
+    body = await read_body(request, service.settings.max_body, service.settings.body_timeout)
     try:
         data = json.loads(body or b"null")
     except (ValueError, RecursionError):  # nested beyond Python's recursion limit: no JSON it reads either
@@ -375,22 +402,24 @@ async def ls_predict(request: Request) -> Response:
         url = task["data"].get(names.data_key)
         raw, name = await run_in_threadpool(service.task_images.read, url, where)
         try:
-            image = await run_in_threadpool(decode, raw, name, settings.max_pixels)
+            poses, shape = await service.decoded_poses(raw, name, None, request.receive)
+        except LimitError as e:
+            raise LimitError(e.http_status, f"{where}: {e}", e.headers) from None
         except RequestError as e:
             raise RequestError(e.http_status, f"{where}: {e}") from None
-        poses = await service.poses(image, None)
-        records, _ = image_records(poses, name, image_ids([name])[0][0], image.shape[:2])
+        records, _ = image_records(poses, name, image_ids([name])[0][0], shape)
         answer = labelstudio_tasks(records, service.skeleton, settings.mark_below, **names.writer_names())
         return answer[0]["predictions"][0] if answer else {"model_version": MODEL_VERSION, "score": 0.0, "result": []}
 
-    async def alone(t: int, task):  # a task that fails gets no prediction, the others theirs
+    results = []
+    for t, task in enumerate(tasks):  # one task at a time: its image decoded within the pixel budget
         try:
-            return await one(t, task)
-        except UserError as e:
+            results.append(await one(t, task))
+        except LimitError:
+            raise  # the server is full: the whole request again later (503 with Retry-After)
+        except UserError as e:  # a task that fails gets no prediction, the others theirs
             error_line(request.method, request.url.path, e.http_status, f"no prediction: {e}")
-            return e
-
-    results = await asyncio.gather(*(alone(t, task) for t, task in enumerate(tasks)))
+            results.append(e)
     if results and all(isinstance(r, UserError) for r in results):
         raise results[0]
     return JSONResponse({"results": [{"error": str(r)} if isinstance(r, UserError) else r for r in results],
@@ -443,13 +472,13 @@ ENDPOINTS = (
 
 def error_response(status: int, message: str, headers: dict | None = None) -> JSONResponse:
     """The one error answer: `{"error": one line}` (a 401 says how to authenticate)."""
-    headers = {"WWW-Authenticate": 'Bearer realm="vitpose"', **(headers or {})} if status == 401 else headers
+    headers = {**({"WWW-Authenticate": 'Bearer realm="vitpose"'} if status == 401 else {}), **(headers or {})}
     return JSONResponse({"error": message.splitlines()[0] if message else "error"}, status_code=status,
                         headers=headers)
 
 
 async def _user_error(request: Request, exc: UserError) -> Response:
-    return error_response(exc.http_status, str(exc))
+    return error_response(exc.http_status, str(exc), getattr(exc, "headers", None))
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
@@ -524,7 +553,8 @@ class InFlightLimit(_AroundEndpoints):
             return
         metrics, limit = self.service.metrics, self.service.settings.max_in_flight
         if metrics.in_flight >= limit:
-            busy = error_response(503, f"busy: {limit} requests are being answered (--max-in-flight); try again")
+            busy = error_response(503, f"busy: {limit} requests are being answered (--max-in-flight); try again",
+                                  {"Retry-After": "1"})
             await busy(scope, receive, send)
             return
         metrics.started(+1)  # no await between the check and this: the event loop runs one at a time

@@ -8,10 +8,16 @@ gathers more until their crops reach `max_batch` or `max_wait` has passed since 
 hands them to the function as one batch. A job that would overflow the batch waits for the next one.
 A job without boxes passes None for its image: the pipeline's detector finds its people.
 
+Fair to every request: a job of more boxes than `max_batch` is cut into slices of `max_batch`
+boxes, and the jobs take turns (one slice each per batch, in the order they came), so one request
+of many boxes holds the model for one batch at a time, never past the others' timeout. A job's
+future stays pending until its last slice is done: a request that gives up (its timeout, or its
+client gone) cancels it, and its remaining slices are dropped before the next batch.
+
 One request's bad input never fails another's: images are decoded and boxes checked before they
 are submitted, and if a batch still fails, `predict_chunk` runs its images one by one (the
 project's one rule for that) and keeps each failure in `failures.errors`; each job gets its own
-error. A job cancelled before its batch started (its request timed out) is dropped. The batcher
+error. A cancelled job is dropped (never computed further). The batcher
 knows nothing of the predictor: it never sets its batch size or wraps its network.
 """
 
@@ -20,11 +26,13 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 
 import numpy as np
 
+from vitpose.inference.results import Poses
 from vitpose.inference.runner import Failures
 
 __all__ = ["BatchRunner", "Metrics"]
@@ -32,15 +40,41 @@ __all__ = ["BatchRunner", "Metrics"]
 _STOP = object()
 
 
-class _Job:
-    __slots__ = ("image", "boxes", "future", "weight")
+def _weight(boxes) -> int:
+    """Crops that boxes add to a batch; a detector's count is unknown before it runs: one person."""
+    return max(1, len(boxes)) if boxes is not None else 1
 
-    def __init__(self, image: np.ndarray, boxes):
+
+class _Job:
+    __slots__ = ("image", "slices", "done", "future")
+
+    def __init__(self, image: np.ndarray, boxes, max_batch: int):
         self.image = image  # BGR uint8 (H, W, 3), as `vitpose predict` decodes
-        self.boxes = boxes  # (M, 5) float32 xyxy + score, or None: the predictor's detector finds them
-        self.future: Future = Future()
-        # crops the job adds to a batch; a detector's count is unknown before it runs: one person
-        self.weight = max(1, len(boxes)) if boxes is not None else 1
+        # (M, 5) float32 xyxy + score in slices of at most max_batch, or [None]: the detector finds them
+        if boxes is None or len(boxes) <= max_batch:
+            self.slices = deque([boxes])
+        else:
+            self.slices = deque(boxes[i:i + max_batch] for i in range(0, len(boxes), max_batch))
+        self.done: list = []  # the poses of the slices computed so far
+        self.future: Future = Future()  # pending until the last slice is done: cancelling it drops the rest
+
+    def finish(self, result=None, error: BaseException | None = None) -> None:
+        self.slices.clear()
+        self.image = None  # its memory goes now: the pixel budget counts it free once the request is answered
+        if not self.future.set_running_or_notify_cancel():  # cancelled meanwhile: nobody waits for it
+            return
+        if error is not None:
+            self.future.set_exception(error)
+        else:
+            self.future.set_result(result)
+
+
+def _joined(parts: list):
+    """One image's poses from those of its slices of boxes (in order)."""
+    if len(parts) == 1:
+        return parts[0]
+    return Poses(*(np.concatenate([getattr(p, name) for p in parts])
+                   for name in ("boxes", "box_scores", "keypoints", "keypoint_scores")))
 
 
 class BatchRunner:
@@ -60,12 +94,12 @@ class BatchRunner:
         self.max_wait = float(max_wait)
         self.prog = prog
         self._queue: queue.Queue = queue.Queue()
-        self._held = None  # the job that did not fit the last batch
+        self._turns: deque[_Job] = deque()  # jobs with slices left, in the order of their turns (the thread's)
         self._thread = threading.Thread(target=self._loop, name="vitpose-batches", daemon=True)
         self._thread.start()
 
     def submit(self, image: np.ndarray, boxes=None) -> Future:
-        job = _Job(image, boxes)
+        job = _Job(image, boxes, self.max_batch)
         self._queue.put(job)
         return job.future
 
@@ -76,55 +110,89 @@ class BatchRunner:
 
     # --- the thread ------------------------------------------------------------------------
 
-    def _next_batch(self) -> tuple[list[_Job], bool]:
-        """(jobs of the next batch, whether a stop was asked for); blocks for the first job."""
-        first = self._held if self._held is not None else self._queue.get()
-        self._held = None
-        if first is _STOP:
-            return [], True
-        batch, crops, stop = [first], first.weight, False
+    def _gather(self) -> bool:
+        """Move submitted jobs to their turns: block for the first when none has one, then wait
+        until the next slices reach `max_batch` crops or `max_wait` has passed; True on a stop."""
+        if not self._turns:
+            job = self._queue.get()
+            if job is _STOP:
+                return True
+            self._turns.append(job)
         deadline = time.monotonic() + self.max_wait
-        while crops < self.max_batch:
-            left = deadline - time.monotonic()
+        while True:  # every job already submitted takes its turn; wait for more only while the batch is short
+            short = sum(_weight(job.slices[0]) for job in self._turns if job.slices) < self.max_batch
+            left = deadline - time.monotonic() if short else 0
             try:
                 job = self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait()
             except queue.Empty:
                 break
             if job is _STOP:
-                stop = True
-                break
-            if crops + job.weight > self.max_batch:
-                self._held = job  # it starts the next batch
-                break
-            batch.append(job)
-            crops += job.weight
-        return batch, stop
+                return True
+            self._turns.append(job)
+        return False
+
+    def _next_batch(self) -> list[tuple[_Job, object]]:
+        """(job, slice of boxes) pairs of the next batch: one slice of each job in turn, up to
+        `max_batch` crops; a job that gave a slice goes to the end of the turns."""
+        turns, self._turns = self._turns, deque()
+        for job in turns:  # drops the jobs that are done (failed) or cancelled (their request gave up)
+            if job.slices and job.future.cancelled():
+                job.finish()  # its waiters are told it was dropped
+            elif job.slices:
+                self._turns.append(job)
+        batch, crops, again = [], 0, []
+        while self._turns:
+            weight = _weight(self._turns[0].slices[0])
+            if batch and crops + weight > self.max_batch:
+                break  # it starts the next batch
+            job = self._turns.popleft()
+            batch.append((job, job.slices.popleft()))
+            crops += weight
+            if job.slices:
+                again.append(job)
+        self._turns.extend(again)
+        return batch
 
     def _loop(self) -> None:
         stop = False
-        while not stop or self._held is not None or not self._queue.empty():
-            batch, asked = self._next_batch()
-            stop = stop or asked
-            batch = [job for job in batch if job.future.set_running_or_notify_cancel()]  # drops timed-out jobs
+        while True:
+            if not stop:
+                stop = self._gather()
+            elif not self._turns:  # stopped: what is still queued is finished too, then the thread ends
+                try:
+                    job = self._queue.get_nowait()
+                except queue.Empty:
+                    return
+                if job is not _STOP:
+                    self._turns.append(job)
+                continue
+            batch = self._next_batch()
             if batch:
                 self._run(batch)
 
-    def _run(self, batch: list[_Job]) -> None:
-        """One call of the function; each job gets its poses or its own error."""
+    def _run(self, batch: list[tuple[_Job, object]]) -> None:
+        """One call of the function; each job gets its poses (after its last slice) or its own error."""
         labels = list(range(len(batch)))
         # no traceback here: the request's error handler answers a bug with 500 and the server logs it once
         failures = Failures(self.prog, show_tracebacks=False)
         try:
-            found = self.run_batch([job.image for job in batch], [job.boxes for job in batch], labels, failures)
+            found = self.run_batch([job.image for job, _ in batch], [boxes for _, boxes in batch], labels, failures)
         except Exception as e:  # noqa: BLE001 - the function itself failed: no request may wait for ever
-            for job in batch:
-                job.future.set_exception(e)
+            for job, _ in batch:
+                job.finish(error=e)
             return
-        for label, job, poses in zip(labels, batch, found):
+        for label, (job, _), poses in zip(labels, batch, found):
             if label in failures.errors:
-                job.future.set_exception(failures.errors[label])
+                job.finish(error=failures.errors[label])
             else:
-                job.future.set_result(poses)
+                job.done.append(poses)
+                if not job.slices:
+                    try:
+                        joined = _joined(job.done)
+                    except Exception as e:  # noqa: BLE001 - the function's answers do not join: this job's bug
+                        job.finish(error=e)
+                    else:
+                        job.finish(joined)
 
 
 class Metrics:
