@@ -74,6 +74,38 @@ def test_the_layout_keeps_the_model_and_leaves_other_heads_alone():
     assert type(int8_graph.int8_layout(simple).head) is type(simple.head)
 
 
+class _HeadOnly(nn.Module):
+    """A model that is its head alone: what `int8_layout` looks at, without a backbone."""
+
+    def __init__(self, head):
+        super().__init__()
+        self.head = head
+
+    def forward(self, x):
+        return self.head(x)
+
+
+@pytest.mark.parametrize("deconv_options", [{"groups": 2}, {"bias": True}], ids=["grouped", "with-bias"])
+def test_the_layout_keeps_a_classic_head_it_cannot_decompose(deconv_options):
+    """The phase decomposition holds for a plain 4x4 stride-2 deconv only: a classic head altered
+    through the Python API (a grouped first deconv, or one with a bias) must stay the module it is,
+    with the same output, rather than fail to load its weights or silently drop the bias."""
+    head = _random_head(4, (6, 4))
+    altered = nn.ConvTranspose2d(4, 6, 4, stride=2, padding=1, **{"bias": False, **deconv_options}).double()
+    with torch.no_grad():
+        altered.weight.normal_(0, 0.2)
+        if altered.bias is not None:
+            altered.bias.normal_(0, 0.5)
+    head.deconv_layers[0] = altered
+    model = _HeadOnly(head).eval()
+    x = torch.randn(2, 4, 3, 5, dtype=torch.float64)
+    with torch.no_grad():
+        expected = model(x)
+        laid_out = int8_graph.int8_layout(model)
+        assert laid_out.head is head
+        torch.testing.assert_close(laid_out(x), expected, rtol=0, atol=1e-12)
+
+
 @pytest.fixture(scope="module")
 def laid_out_files(tmp_path_factory):
     """A 2-block tiny ViTPose exported with the int8 layout (gated equal to PyTorch by to_onnx), then

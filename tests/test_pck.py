@@ -68,6 +68,20 @@ def test_instances_box_sizes_and_per_keypoint_accuracy_are_mmposes(ann_file):
     assert mean == run["mmpose_functions"]["PCK"]
 
 
+def test_a_row_with_a_zero_size_box_is_not_scored():
+    """MMPose's `keypoint_pck_accuracy` leaves a row whose normaliser is 0 out (-1), rather than
+    dividing by a stand-in that makes any error look tiny: one zero-size-box row 70 px off and one
+    row half its box off give distances [-1, 0.5] and PCK@0.2 0, not 0.5."""
+    predicted = np.array([[[70.0, 0.0]], [[10.5, 20.0]]])
+    gt = np.array([[[0.0, 0.0]], [[10.0, 20.0]]])
+    mask = np.ones((2, 1), bool)
+    norm = np.array([[0.0, 0.0], [1.0, 1.0]])
+    distances = normalised_distances(predicted, gt, mask, norm)
+    np.testing.assert_array_equal(distances, np.float32([[-1], [0.5]]))
+    accuracy, mean, count = pck_accuracy(distances, 0.2)
+    assert accuracy.tolist() == [0.0] and mean == 0.0 and count == 1
+
+
 def test_predictions_that_match_no_instance_are_refused(ann_file):
     evaluator = PCKEvaluator(ann_file, K)
     dropped = [int(i) for i, aim in FIXTURE["aims"].items() if aim.startswith("dropped: crowd")]

@@ -332,6 +332,33 @@ def test_dynamic_int8_needs_no_calibration_and_gates_every_image(peaked, tmp_pat
                      calibration=calibration)
 
 
+def test_the_gate_scores_only_the_images_the_quantizer_did_not_calibrate_on(tmp_path):
+    """A gate on images the quantizer calibrated on flatters the int8 file: with a folder of 4
+    images of which 2 calibrate, the gate's COCO set keeps the other 2 and only their people."""
+    import cv2
+
+    from vitpose.inference.quantize import calibration_crops, held_out_set
+
+    images = tmp_path / "images"
+    images.mkdir()
+    for i in range(4):
+        cv2.imwrite(str(images / f"{i}.png"), np.full((30, 20, 3), 40 * i, np.uint8))
+    box = {"bbox": [2, 2, 10, 20], "area": 200, "iscrowd": 0, "category_id": 1, "num_keypoints": 1,
+           "keypoints": [5, 5, 2] + [0, 0, 0] * 16}
+    ann_file = tmp_path / "set.json"
+    ann_file.write_text(json.dumps({
+        "images": [{"id": 10 + i, "file_name": f"{i}.png", "width": 20, "height": 30} for i in range(4)],
+        "annotations": [{**box, "id": 100 + i, "image_id": 10 + i} for i in range(4)],
+        "categories": [{"id": 1, "name": "person"}]}))
+    crops, used, _ = calibration_crops(images, (48, 64), count=2)
+    assert len(crops) == 2 and used == {(images / "0.png").resolve(), (images / "1.png").resolve()}
+    held_out, count = held_out_set(ann_file, images, used, tmp_path)
+    kept = json.loads(held_out.read_text())
+    assert count == 2
+    assert [im["id"] for im in kept["images"]] == [12, 13]
+    assert [a["image_id"] for a in kept["annotations"]] == [12, 13]
+
+
 @pytest.mark.parametrize(("difference", "interval", "passed", "why"), [
     (-0.001, (-0.004, 0.002), True, "pass"),
     (-0.006, (-0.009, -0.003), False, "more than the bound"),
