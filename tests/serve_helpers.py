@@ -103,3 +103,28 @@ def multipart(fields: dict) -> tuple[bytes, dict]:
         parts.append(head + data + b"\r\n")
     body = b"".join(parts) + f"--{boundary}--\r\n".encode()
     return body, {"Content-Type": f"multipart/form-data; boundary={boundary}"}
+
+
+def tool_in_its_own_venv(variable: str, command: str, requirements: list[str]) -> str:
+    """The command of a third-party tool a slow test drives (Label Studio, schemathesis), never installed
+    into the project's environment: `$variable` when set, else the command on PATH, else installed
+    once with pip into its own virtual environment under ~/.cache/vitpose-tests/ (the slow tier only;
+    skipped with the reason where pip cannot reach the package index)."""
+    import shutil
+
+    import pytest
+
+    given = os.environ.get(variable) or shutil.which(command)
+    if given:
+        return given
+    venv = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vitpose-tests" / command
+    installed = venv / "bin" / command
+    if not installed.exists():
+        try:
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
+            subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", *requirements], check=True,
+                           capture_output=True, timeout=1800)
+        except (OSError, subprocess.SubprocessError) as e:
+            pytest.skip(f"{command} could not be installed into {venv} ({type(e).__name__}); install it there "
+                        f"(pip install {' '.join(requirements)}) or set {variable}=/path/to/{command}")
+    return str(installed)

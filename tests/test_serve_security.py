@@ -342,21 +342,16 @@ def test_a_label_studio_body_nested_too_deep_is_a_400_not_a_500(serve):
 @pytest.mark.slow
 def test_schemathesis_finds_no_5xx_and_no_error_that_is_not_json(tmp_path):
     """schemathesis (its own environment: $SCHEMATHESIS names its command, else `schemathesis` on
-    PATH) against a live server through `/openapi.json`: no 5xx, every answer as the schema says
+    PATH, else installed once into ~/.cache/vitpose-tests/) against a live server through `/openapi.json`: no 5xx, every answer as the schema says
     (every error a JSON `{"error"}`), `Allow` on a 405."""
-    import os
-    import shutil
     import subprocess
 
-    from serve_helpers import start_server
+    from serve_helpers import start_server, tool_in_its_own_venv
     from test_evaluate import tiny_model
 
     import vitpose
 
-    command = os.environ.get("SCHEMATHESIS") or shutil.which("schemathesis")
-    if command is None:
-        pytest.skip("schemathesis is not installed (pip install schemathesis into its own venv, "
-                    "then SCHEMATHESIS=/path/to/venv/bin/schemathesis)")
+    command = tool_in_its_own_venv("SCHEMATHESIS", "schemathesis", ["schemathesis==4.32.5"])
     vitpose.save_weights(tiny_model(seed=11), tmp_path / "tiny.safetensors")
     server = start_server(["--model", tmp_path / "tiny.safetensors", "--detector", "full-frame", "--device", "cpu",
                            "--precision", "fp32", "--token", TOKEN, "--image-dir", tmp_path], tmp_path)
