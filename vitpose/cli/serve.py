@@ -38,7 +38,7 @@ import ipaddress
 import os
 from pathlib import Path
 
-from vitpose.cli.options import DEFAULT_MODEL, add_model_arguments, model_options, open_model
+from vitpose.cli.options import DEFAULT_MODEL, add_model_arguments, check_numbers, model_options, open_model
 from vitpose.errors import UsageError, require_extra
 
 __all__ = ["DEFAULT_MODEL", "ServeError", "TOKEN_ENV", "add_parser", "run"]
@@ -93,26 +93,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def _check_flags(args) -> None:
     if not 0 <= args.port <= 65535:
         raise ServeError(f"--port must be in 0..65535, got {args.port}")
-    if args.max_batch is not None and args.max_batch < 1:
-        raise ServeError(f"--max-batch must be >= 1, got {args.max_batch}")
-    if not 0 <= args.max_wait_ms <= 10_000:
-        raise ServeError(f"--max-wait-ms must be in 0..10000, got {args.max_wait_ms}")
-    if not args.timeout > 0:
-        raise ServeError(f"--timeout must be > 0 seconds, got {args.timeout}")
-    if args.max_in_flight < 1:
-        raise ServeError(f"--max-in-flight must be >= 1, got {args.max_in_flight}")
-    if not args.body_timeout > 0:
-        raise ServeError(f"--body-timeout must be > 0 seconds, got {args.body_timeout}")
-    if args.max_pixels_in_flight is not None and args.max_pixels_in_flight < 0:
-        raise ServeError(f"--max-pixels-in-flight must be >= 0 (0 = no limit), got {args.max_pixels_in_flight}")
-    if args.max_boxes < 1:
-        raise ServeError(f"--max-boxes must be >= 1, got {args.max_boxes}")
-    if not args.max_body_mb > 0:
-        raise ServeError(f"--max-body-mb must be > 0, got {args.max_body_mb}")
-    if args.max_pixels is not None and args.max_pixels < 0:
-        raise ServeError(f"--max-pixels must be >= 0 (0 = no limit), got {args.max_pixels}")
-    if not 0.0 <= args.mark_below <= 1.0:
-        raise ServeError(f"--mark-below must be in [0, 1], got {args.mark_below}")
+    check_numbers(("--max-batch", args.max_batch, 1, None), ("--max-wait-ms", args.max_wait_ms, 0, 10_000),
+                  ("--max-in-flight", args.max_in_flight, 1, None), ("--max-boxes", args.max_boxes, 1, None),
+                  ("--max-pixels-in-flight", args.max_pixels_in_flight, 0, None, " (0 = no limit)"),
+                  ("--max-pixels", args.max_pixels, 0, None, " (0 = no limit)"), ("--mark-below", args.mark_below, 0, 1))
+    for flag, seconds in (("--timeout", args.timeout), ("--body-timeout", args.body_timeout),
+                          ("--max-body-mb", args.max_body_mb)):
+        if not seconds > 0:
+            raise ServeError(f"{flag} must be > 0, got {seconds}")
     if args.image_dir is not None and not args.image_dir.is_dir():
         raise ServeError(f"--image-dir: not a folder: {args.image_dir}")
     if args.token is not None and not args.token.strip():
