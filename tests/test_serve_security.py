@@ -366,3 +366,22 @@ def test_schemathesis_finds_no_5xx_and_no_error_that_is_not_json(tmp_path):
         assert server.json("GET", "/v1/health")[1]["status"] == "ok"
     finally:
         assert server.stop() == 0
+
+
+def test_serve_prints_the_labelling_config_of_its_model_and_exits(tmp_path, capsys):
+    """`vitpose serve --labelstudio-config`: the config a Label Studio project is made with, every keypoint
+    of the model named, printed without starting a server (what GET /v1/labelstudio-config answers)."""
+    from test_evaluate import tiny_model
+
+    import vitpose
+    from vitpose.cli import main
+    from vitpose.data.metainfo import dataset_info
+    from vitpose.serve.labelstudio import labelling_config
+
+    vitpose.save_weights(tiny_model(seed=11), tmp_path / "tiny.safetensors")
+    code = main(["serve", "--model", str(tmp_path / "tiny.safetensors"), "--labelstudio-config", "--device", "cpu",
+                 "--detector", "full-frame", "--port", "1"])
+    printed = capsys.readouterr().out
+    names = dataset_info("coco").keypoint_names
+    assert code == 0 and printed.strip() == labelling_config(names).strip()
+    assert labelling_names(printed, names).keypoint_labels == tuple(names)

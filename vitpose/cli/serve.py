@@ -79,6 +79,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--max-pixels", type=int, default=None,
                    help="largest image in pixels, read from its header before decoding (default: $VITPOSE_MAX_PIXELS "
                         "or 150000000)")
+    p.add_argument("--labelstudio-config", action="store_true",
+                   help="print the Label Studio labelling config of the model's keypoints and exit (no server; "
+                        "docs/labelstudio.md)")
     p.add_argument("--image-dir", type=Path, default=None,
                    help="Label Studio: the folder of the tasks' images (local files or uploads), read by file name")
     p.add_argument("--labelstudio-url", default=None,
@@ -136,6 +139,13 @@ def describe(predictor, model: str):
 def run(args) -> int:
     _check_flags(args)
     options = model_options(args, batch_size=args.max_batch)
+    if args.labelstudio_config:  # the labelling config alone: what a Label Studio project is created with
+        from vitpose.serve.labelstudio import labelling_config
+
+        predictor = open_model(options)
+        describe(predictor, options.model)  # a graph without a skeleton: one line naming the fix
+        print(labelling_config(predictor.skeleton.keypoint_names))
+        return 0
     require_extra("vitpose serve", ("starlette", "uvicorn", "python_multipart"), "serve")
     from vitpose.serve import app as serve_app
     from vitpose.serve import server
@@ -171,7 +181,8 @@ def run(args) -> int:
               f"max wait {args.max_wait_ms:g} ms{', token required' if token else ''})", flush=True)
         auth = ' -H "Authorization: Bearer $TOKEN"' if token else ""
         print(f"vitpose serve: Label Studio labelling config of this model's {len(predictor.skeleton.keypoint_names)} "
-              f"keypoints: curl{auth} http://{shown}:{port}/v1/labelstudio-config  (docs/labelstudio.md)", flush=True)
+              f"keypoints: curl{auth} http://{shown}:{port}/v1/labelstudio-config, or vitpose serve --model "
+              f"{args.model} --labelstudio-config  (docs/labelstudio.md)", flush=True)
 
     try:
         return server.run(serve_app.build_app(service), sock, listening)
