@@ -37,3 +37,21 @@ def coco_mini_dir() -> Path:
     """tests/data/coco-mini: 4 COCO val2017 images, their keypoint annotations and detections."""
     assert (COCO_MINI / "test_coco.json").is_file(), f"coco-mini is missing from {COCO_MINI}"
     return COCO_MINI
+
+
+@pytest.fixture
+def serve():
+    """`vitpose serve`'s application in this process: serve(predictor, **settings) -> (app, service), on
+    `vitpose.serve.app.Settings` (a stand-in model name); every service's batch thread closed after the test."""
+    from vitpose.serve.app import Settings, build_app, open_service
+
+    services = []
+
+    def make(predictor, **settings):
+        service = open_service(predictor, None, Settings(model_name="stand-in", **settings), max_wait=0.0)
+        services.append(service)
+        return build_app(service), service
+
+    yield make
+    for service in services:
+        service.runner.close()

@@ -60,23 +60,6 @@ BYTES_PER_PIXEL = 6  # the documented decoding memory per pixel of --max-pixels-
 RSS_SLACK = 256 * 2**20  # the allocator's and the request bodies' share, beside the images
 
 
-@pytest.fixture
-def serve():
-    """serve(predictor, **settings) -> (app, service); every batch thread closed after the test."""
-    from vitpose.serve.app import Settings, build_app, open_service
-
-    services = []
-
-    def make(predictor, **settings):
-        service = open_service(predictor, None, Settings(model_name="stand-in", **settings), max_wait=0.0)
-        services.append(service)
-        return build_app(service), service
-
-    yield make
-    for service in services:
-        service.runner.close()
-
-
 def test_more_boxes_than_max_boxes_is_a_413_of_one_line(serve):
     app, _ = serve(StandIn(), max_boxes=3)
     boxes = [(1, 1, 9, 9)] * 4

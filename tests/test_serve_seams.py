@@ -96,23 +96,6 @@ class StandIn:
                       np.zeros((0, k), np.float32)) for _ in images]
 
 
-@pytest.fixture
-def serve():
-    """serve(predictor, **settings) -> (app, service); every service's batch thread closed after the test."""
-    from vitpose.serve.app import Settings, build_app, open_service
-
-    services = []
-
-    def make(predictor, **settings):
-        service = open_service(predictor, None, Settings(model_name="stand-in", **settings), max_wait=0.0)
-        services.append(service)
-        return build_app(service), service
-
-    yield make
-    for service in services:
-        service.runner.close()
-
-
 def predict_target(boxes=((2, 2, 30, 40),)) -> str:
     return "/v1/predict?boxes=" + quote(json.dumps([list(b) for b in boxes]))
 
