@@ -95,6 +95,10 @@ def _video_plan(options: PredictOptions, source, kind: str):
 
         check_video_file(source)
     plan = sharded.plan_segments(options, source) if options.segment is not None else None
+    if plan is None:
+        from vitpose.inference.video import check_offline_smoothing
+
+        check_offline_smoothing(options, webcam=kind == "webcam")
     checked = options if plan is None else replace(options, json=plan.json_path, json_array=False)
     check_outputs(checked, [] if kind == "webcam" else [source], video_source=source)
     if options.boxes is not None:  # its errors before the model loads (run_video reads it for the frames)
