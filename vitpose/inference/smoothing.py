@@ -45,7 +45,7 @@ import numpy as np
 
 from vitpose.errors import UsageError
 
-__all__ = ["FILL_WEIGHT", "OfflineSmoothing", "SmoothingWriter", "savgol_half_window", "smooth_records",
+__all__ = ["FILL_WEIGHT", "OfflineSmoothing", "SmoothingWriter", "check_offline_smoothing", "savgol_half_window", "smooth_records",
            "smooth_track", "smoothing_mode"]
 
 FILL_WEIGHT = 0.01  # an interpolated point's weight: it bridges a gap, the observed points decide
@@ -63,6 +63,21 @@ def smoothing_mode(value) -> str | None:
     if value not in SMOOTH_MODES:
         raise UsageError(f"--smooth: expected live or offline, got {value!r}")
     return value
+
+
+def check_offline_smoothing(smooth, *, webcam: bool, out=None, resume: bool = False) -> None:
+    """`--smooth offline` needs a recorded video's every frame before it writes: one line for what
+    it cannot do (a live camera, a drawn video drawn as it goes, a continued --json)."""
+    if smoothing_mode(smooth) != "offline":
+        return
+    if webcam:
+        raise UsageError("--smooth offline smooths a recorded video's whole tracks; a webcam is live: use --smooth live")
+    if out:
+        raise UsageError("--out draws each frame as it is done, before --smooth offline has the whole track: leave out "
+                         "--out, or draw with --smooth live")
+    if resume:
+        raise UsageError("--resume: --smooth offline writes the video's tracks once every frame is done, so a stopped "
+                         "run cannot be continued; cut the video with --segment FRAMES to resume it by segments")
 
 
 def savgol_response(half_window: int, order: int, frequency: float) -> float:

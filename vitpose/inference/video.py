@@ -28,7 +28,10 @@ at a whole frame, and the summary says it was interrupted.
 JSON (`options.json`): JSON Lines, one COCO results record per person with `frame` (0-based frame
 index) in place of `image_id` (`vitpose.inference.pipeline.coco_records`), flushed frame by frame;
 `options.json_array` writes one JSON array at the end instead (video files only). `options.resume`
-continues a JSON Lines file: the frames it holds are skipped.
+continues a JSON Lines file: the frames it holds are skipped. With `options.smooth == "offline"`
+(a video file, no drawn video, no resume) the whole video is one unit of the results writer
+(`vitpose.inference.smoothing.SmoothingWriter`): its records are held, and written once every
+track can be smoothed as a whole.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from vitpose.inference.draw import draw_people
 from vitpose.inference.pipeline import coco_records, video_boxes
 from vitpose.inference.results import Poses
 from vitpose.inference.runner import Failures, PredictOptions, offline_smoothing, predict_chunk
-from vitpose.inference.smoothing import SmoothingWriter, smoothing_mode
+from vitpose.inference.smoothing import SmoothingWriter, check_offline_smoothing, smoothing_mode
 from vitpose.inference.tracking import DetectionSchedule, KeypointSmoother, Tracker
 from vitpose.inference.video_file import VideoFile, VideoWriteError, open_video_writer, output_video_path  # noqa: F401
 from vitpose.inference.writers import ResultsFile
@@ -59,8 +62,8 @@ from vitpose.run.sources import (  # noqa: F401 - re-exported
     written_video_problem,
 )
 
-__all__ = ["FrameReader", "VideoError", "VideoFile", "VideoWriteError", "VideoSummary", "check_video_file", "open_video_writer", "output_video_path",
-           "run_video"]
+__all__ = ["FrameReader", "VideoError", "VideoFile", "VideoWriteError", "VideoSummary", "check_video_file",
+           "open_video_writer", "output_video_path", "run_video"]
 
 STAGES = ("decode", "detect", "crop", "pose", "decode heatmaps", "track", "draw", "write")
 
@@ -358,21 +361,6 @@ def _detection_schedule(options: PredictOptions, boxes) -> DetectionSchedule | N
     return DetectionSchedule(int(every), lost_ratio=options.det_lost_ratio or 0.5)
 
 
-def check_offline_smoothing(options: PredictOptions, webcam: bool) -> None:
-    """`--smooth offline` needs a recorded video's every frame before it writes: one line for what
-    it cannot do (a live camera, a drawn video drawn as it goes, a continued --json)."""
-    if smoothing_mode(options.smooth) != "offline":
-        return
-    if webcam:
-        raise UserError("--smooth offline smooths a recorded video's whole tracks; a webcam is live: use --smooth live")
-    if options.out:
-        raise UserError("--out draws each frame as it is done, before --smooth offline has the whole track: leave out "
-                        "--out, or draw with --smooth live")
-    if options.resume:
-        raise UserError("--resume: --smooth offline writes the video's tracks once every frame is done, so a stopped "
-                        "run cannot be continued; cut the video with --segment FRAMES to resume it by segments")
-
-
 def _results_file(options: PredictOptions, webcam: bool):
     if not options.json:
         return None
@@ -410,7 +398,7 @@ def run_video(predictor, source, options: PredictOptions, stop: threading.Event 
     boxes = video_boxes(options.boxes)
     if options.resume and options.out:
         raise UserError("--resume with --out: a drawn video cannot be continued; leave out --out")
-    check_offline_smoothing(options, webcam)
+    check_offline_smoothing(options.smooth, webcam=webcam, out=options.out, resume=options.resume)
     reader = FrameReader(source, stop=stop)
     if boxes[0] is None and getattr(predictor, "detector", None) is None:
         reader.capture.release()
