@@ -5,6 +5,7 @@ outliers and frames without the person:
 - the offline smoother's RMS error to the truth is below the raw track's and below the One-Euro
   filter's (`--smooth live`) on the same signal, and its cross-correlation with the truth peaks at
   lag 0 (One-Euro's lags);
+- with jitter that grows as the score falls, the score-weighted fit beats equal weights;
 - gaps up to `gap` frames are filled, longer ones stay missing;
 - the support is finite: records smoothed segment by segment, each with `support(fps)` frames of
   context, equal the records smoothed whole (what `--segment` relies on);
@@ -97,6 +98,18 @@ def test_offline_beats_raw_and_one_euro_with_zero_lag():
     print({"raw": rms(noisy, truth, present), "one_euro": rms(live, truth, present),
            "offline": rms(smoothed, truth, present)})
     assert rms(smoothed, truth, present) < 0.8 * min(rms(live, truth, present), rms(noisy, truth, present))
+
+
+def test_confident_points_weigh_more():
+    """Jitter that grows as the score falls (as a model's does): the score-weighted fit beats the
+    same fit with equal weights."""
+    truth, _, _, present = synthetic_track(outliers=0.0)
+    rng = np.random.default_rng(5)
+    scores = rng.uniform(0.3, 1.0, truth.shape[:2])
+    noisy = truth + rng.normal(0, 1, truth.shape) * (12 * (1 - scores) + 0.5)[..., None]
+    weighted, _ = smooth_track(noisy, scores, present, fps=FPS)
+    equal, _ = smooth_track(noisy, np.ones_like(scores), present, fps=FPS)
+    assert rms(weighted, truth, present) < 0.9 * rms(equal, truth, present)
 
 
 def test_short_gaps_are_filled_and_long_ones_stay_missing():
