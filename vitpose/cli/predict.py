@@ -137,8 +137,9 @@ def predict_options(args) -> PredictOptions:
         sources=tuple(str(x) for x in args.source), model=model_options(args), boxes=args.boxes, out=args.out,
         json=args.json, json_array=args.json_array, resume=args.resume, format=args.format, mark_below=args.mark_below,
         keypoint_threshold=args.keypoint_threshold, track=args.track, smooth=args.smooth or False,
-        smooth_gap=10 if args.smooth_gap is None else args.smooth_gap,
-        smooth_cutoff=6.0 if args.smooth_cutoff is None else args.smooth_cutoff, det_every=args.det_every,
+        smooth_gap=PredictOptions.smooth_gap if args.smooth_gap is None else args.smooth_gap,
+        smooth_cutoff=PredictOptions.smooth_cutoff if args.smooth_cutoff is None else args.smooth_cutoff,
+        det_every=args.det_every,
         batch_images=args.batch_images, shard=args.shard, segment=args.segment, nproc_per_node=args.nproc_per_node,
         engine=args.engine, workers=args.workers, ray_address=args.ray_address, argv=tuple(getattr(args, "argv", ())))
 
