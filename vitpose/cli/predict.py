@@ -4,6 +4,7 @@
     vitpose predict images/ --json poses.jsonl --model vitpose-l
     vitpose predict val2017/ --boxes dets.json --detector none --json results.jsonl
     vitpose predict clip.mp4 --out drawn/ --track --smooth     # video files and webcams (0, 1, ...)
+    vitpose predict clip.mp4 --json poses.jsonl --track --smooth offline   # a recorded video, zero lag
 
 Every source goes through the same steps (`vitpose.inference.pipeline`): boxes (the detector,
 `--detector full-frame`, or `--boxes`), crops, the model, heatmap decode. Images: the crops of
@@ -74,7 +75,17 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="labelstudio/cvat: keypoints scored below this are marked for checking, not dropped "
                         "(default: %(default)s)")
     p.add_argument("--track", action="store_true", help="video: stable person ids (track_id)")
-    p.add_argument("--smooth", action="store_true", help="video: One-Euro filter on the keypoints")
+    p.add_argument("--smooth", nargs="?", const="live", default=None, choices=("live", "offline"),
+                   help="video: less keypoint jitter per track. live (the default of a bare --smooth): the causal "
+                        "One-Euro filter, for webcams and streams; offline: a recorded video's whole tracks, gaps "
+                        "filled and a zero-lag confidence-weighted Savitzky-Golay filter (works with --segment; "
+                        "docs/smoothing.md)")
+    p.add_argument("--smooth-gap", type=int, default=None, metavar="N",
+                   help="--smooth offline: fill gaps of up to N frames in a track; longer gaps stay missing "
+                        "(default: 10)")
+    p.add_argument("--smooth-cutoff", type=float, default=None, metavar="HZ",
+                   help="--smooth offline: the filter's -3 dB frequency in Hz at the video's frame rate "
+                        "(default: 6, as Pose2Sim's Butterworth)")
     p.add_argument("--det-every", type=int, default=1, metavar="N",
                    help="video: run the detector on every N-th frame and carry people between on their previous "
                         "poses (again at once when someone's score halves; default: every frame)")
@@ -125,7 +136,10 @@ def predict_options(args) -> PredictOptions:
     return PredictOptions(
         sources=tuple(str(x) for x in args.source), model=model_options(args), boxes=args.boxes, out=args.out,
         json=args.json, json_array=args.json_array, resume=args.resume, format=args.format, mark_below=args.mark_below,
-        keypoint_threshold=args.keypoint_threshold, track=args.track, smooth=args.smooth, det_every=args.det_every,
+        keypoint_threshold=args.keypoint_threshold, track=args.track, smooth=args.smooth or False,
+        smooth_gap=PredictOptions.smooth_gap if args.smooth_gap is None else args.smooth_gap,
+        smooth_cutoff=PredictOptions.smooth_cutoff if args.smooth_cutoff is None else args.smooth_cutoff,
+        det_every=args.det_every,
         batch_images=args.batch_images, shard=args.shard, segment=args.segment, nproc_per_node=args.nproc_per_node,
         engine=args.engine, workers=args.workers, ray_address=args.ray_address, argv=tuple(getattr(args, "argv", ())))
 
@@ -134,6 +148,12 @@ def _check_flags(args) -> None:
     check_numbers(("--batch-images", args.batch_images, 1, None),
                   ("--det-every", args.det_every, 1, None, " (1 = the detector on every frame)"),
                   ("--keypoint-threshold", args.keypoint_threshold, 0.0, 1.0))
+    for flag, value in (("--smooth-gap", args.smooth_gap), ("--smooth-cutoff", args.smooth_cutoff)):
+        if value is not None and args.smooth != "offline":
+            raise UsageError(f"{flag} sets up --smooth offline; add --smooth offline or leave out {flag}")
+    check_numbers(("--smooth-gap", args.smooth_gap, 0, None, " frames"))
+    if args.smooth_cutoff is not None and not args.smooth_cutoff > 0:
+        raise UsageError(f"--smooth-cutoff must be > 0 Hz, got {args.smooth_cutoff}")
     if args.format != "coco" and args.json is None:
         raise UsageError(f"--format {args.format} writes pre-annotations to --json FILE; give --json")
     if args.format != "coco" and args.resume:

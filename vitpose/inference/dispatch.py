@@ -22,6 +22,7 @@ from vitpose.inference import sharded
 from vitpose.inference.images import drawing_names, output_names, predict_images
 from vitpose.inference.pipeline import image_ids, read_boxes_file
 from vitpose.inference.runner import PredictOptions
+from vitpose.inference.smoothing import check_offline_smoothing
 from vitpose.run.sources import survey
 from vitpose.run.stop import stopped_by_signal
 
@@ -95,6 +96,8 @@ def _video_plan(options: PredictOptions, source, kind: str):
 
         check_video_file(source)
     plan = sharded.plan_segments(options, source) if options.segment is not None else None
+    if plan is None:
+        check_offline_smoothing(options.smooth, webcam=kind == "webcam", out=options.out, resume=options.resume)
     checked = options if plan is None else replace(options, json=plan.json_path, json_array=False)
     check_outputs(checked, [] if kind == "webcam" else [source], video_source=source)
     if options.boxes is not None:  # its errors before the model loads (run_video reads it for the frames)

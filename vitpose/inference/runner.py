@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vitpose.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, UserError
+from vitpose.inference.smoothing import OfflineSmoothing
 
-__all__ = ["Failures", "Item", "PredictOptions", "RunSummary", "predict_chunk", "predict_units"]
+__all__ = ["Failures", "Item", "PredictOptions", "RunSummary", "offline_smoothing", "predict_chunk", "predict_units"]
 
 
 @dataclass(frozen=True)
@@ -43,10 +44,12 @@ class PredictOptions:
     Outputs: `json` (results file, or a directory / `{shard}` pattern of a sharded run),
     `json_array` (one JSON list at the end), `resume`, `format` ("coco" | "labelstudio" | "cvat"),
     `mark_below`, `out` (drawings, or a drawn video), `keypoint_threshold` (drawing). Video: `track`,
-    `smooth`, `det_every` / `det_lost_ratio` (the detector on every N-th frame), `batch_frames`
-    (frames per call; default `batch_images`, 1 for a camera), `pipeline` ("auto" | "threads" |
-    "sequential"), `tracker_options` / `smooth_options` (keyword arguments of `Tracker` /
-    `KeypointSmoother`). Work: `sources`, `boxes` (a detection results JSON), `batch_images`,
+    `smooth` (False; "live" or True: the One-Euro filter as frames come; "offline": each track smoothed
+    whole, `vitpose.inference.smoothing`, with `smooth_gap` and `smooth_cutoff`), `det_every` /
+    `det_lost_ratio` (the detector on every N-th frame), `batch_frames` (frames per call; default
+    `batch_images`, 1 for a camera), `pipeline` ("auto" | "threads" | "sequential"),
+    `tracker_options` / `smooth_options` (keyword arguments of `Tracker` / `KeypointSmoother`, or
+    of `OfflineSmoothing` for "offline"). Work: `sources`, `boxes` (a detection results JSON), `batch_images`,
     `progress` (a progress bar), `quiet` (no summary). Scale-out: `shard` ("K/N"), `segment`
     (frames per unit of a video), `nproc_per_node`, `engine` ("local" | "ray"), `workers`,
     `ray_address`, `argv` (the command's own arguments, for a launcher that starts it again),
@@ -65,7 +68,9 @@ class PredictOptions:
     mark_below: float = 0.3
     keypoint_threshold: float = 0.3
     track: bool = False
-    smooth: bool = False
+    smooth: bool | str | None = False  # None/False off, "live" (True) the One-Euro filter, "offline" whole tracks
+    smooth_gap: int = 10
+    smooth_cutoff: float = 6.0
     det_every: int = 1
     det_lost_ratio: float = 0.5
     batch_images: int = 8
@@ -82,6 +87,12 @@ class PredictOptions:
     workers: int | None = None
     ray_address: str | None = None
     argv: tuple[str, ...] = ()
+
+
+def offline_smoothing(options: PredictOptions) -> OfflineSmoothing:
+    """The settings of `--smooth offline` (`smooth_options` may add `min_score` and `order`)."""
+    return OfflineSmoothing(**{"cutoff": options.smooth_cutoff, "gap": options.smooth_gap,
+                               **(options.smooth_options or {})})
 
 
 class Failures:

@@ -26,7 +26,8 @@ from pathlib import Path
 from vitpose.errors import EXIT_FAILED, EXIT_INTERRUPTED
 from vitpose.files import OutputWriteError
 from vitpose.inference.pipeline import coco_records, image_ids, video_boxes
-from vitpose.inference.runner import Item, PredictOptions, RunSummary, predict_units
+from vitpose.inference.runner import Item, PredictOptions, RunSummary, offline_smoothing, predict_units
+from vitpose.inference.smoothing import SmoothingWriter, smoothing_mode
 from vitpose.inference.units import (
     ShardError,
     ShardFile,
@@ -42,7 +43,7 @@ from vitpose.inference.units import (
     unit_shard,
     write_manifest,
 )
-from vitpose.run.sources import FrameReader, video_frame_count
+from vitpose.run.sources import FrameReader, video_frame_count, video_frame_rate
 from vitpose.run.stop import StopOnSignal
 
 __all__ = ["ShardPlan", "check_shard_flags", "plan_images", "plan_segments", "predict_segments", "shard_setting", "spawn_shards"]
@@ -148,11 +149,13 @@ def plan_segments(options: PredictOptions, video: Path) -> ShardPlan:
     """`--segment FRAMES` on one video: its frame ranges, this shard's share (shard 0/1 without shards)."""
     if options.json is None:
         raise ShardError("--segment writes each frame range's records to a shard file: give --json DIR")
-    for flag, given in (("--out", options.out is not None), ("--smooth", options.smooth),
+    live = smoothing_mode(options.smooth) == "live"  # offline smoothing runs each segment with its context
+    for flag, given in (("--out", options.out is not None), ("--smooth live", live),
                         ("--json-array", options.json_array), ("--det-every", options.det_every != 1)):
         if given:
             raise ShardError(f"{flag} is not available with --segment (the segments run apart: no one video to "
-                             f"draw, and the filters would restart at every border); leave out {flag}")
+                             f"draw, and the filters would restart at every border); leave out {flag}"
+                             + (" or use --smooth offline" if flag == "--smooth live" else ""))
     count = video_frame_count(video)
     if count == 0:
         raise ShardError(f"--segment: {video} does not say how many frames it has; run it without --segment")
@@ -165,13 +168,15 @@ def plan_segments(options: PredictOptions, video: Path) -> ShardPlan:
 # Video segments
 
 
-def _segment_items(units: list[WorkUnit], stop: threading.Event | None):
+def _segment_items(units: list[WorkUnit], stop: threading.Event | None, context: int = 0):
     """The frames of the units' ranges as `Item`s, read by the one frame reader (`FrameReader`: the
-    frames before a range are decoded and dropped, exact in every container). A unit's last frame
-    is known once its reader ends by itself (not by a stop)."""
+    frames before a range are decoded and dropped, exact in every container), with `context` frames
+    more on each side (offline smoothing's). A unit's last frame is known once its reader ends by
+    itself (not by a stop)."""
     for unit in units:
         previous = None
-        for frame in FrameReader(unit.path, stop=stop, start=unit.start, end=unit.stop):
+        end = None if unit.stop is None else unit.stop + context
+        for frame in FrameReader(unit.path, stop=stop, start=max(0, unit.start - context), end=end):
             if previous is not None:
                 yield previous
             previous = Item(unit, f"frame {frame.index}", frame.bgr, frame.index, last=False)
@@ -182,7 +187,10 @@ def _segment_items(units: list[WorkUnit], stop: threading.Event | None):
 
 def predict_segments(predictor, plan: ShardPlan, options: PredictOptions, stop: threading.Event | None = None) -> int:
     """This shard's segments (`predict_units`, each segment its own tracker); returns the exit
-    status (0, 1 some frames failed, 130 interrupted)."""
+    status (0, 1 some frames failed, 130 interrupted). With `--smooth offline` each segment runs
+    with the smoothing's support as context on both sides (`OfflineSmoothing.support`) and its
+    writer (`SmoothingWriter`) smooths the segment's tracks over them and writes the segment's own
+    frames: the numbers of one unsegmented run."""
     from vitpose.inference.tracking import Tracker
 
     results = plan.results_file()
@@ -190,10 +198,17 @@ def predict_segments(predictor, plan: ShardPlan, options: PredictOptions, stop: 
     lookup = None if table is None else lambda label, size: table.lookup(key, int(label.split()[-1]), size)
     todo = [u for u in plan.mine if u.id not in results.done_units]
     trackers: dict[str, Tracker] = {}
+    offline = smoothing_mode(options.smooth) == "offline"
+    context = 0
+    if offline and todo:
+        fps = video_frame_rate(todo[0].path)
+        settings = offline_smoothing(options)
+        context = settings.support(fps)
+        results = SmoothingWriter(results, fps, settings, keep_track_ids=options.track)
 
     def finish(item, poses):
         poses.frame = item.index
-        if options.track:  # each segment its own; merge joins the ids
+        if options.track or offline:  # each segment its own; merge joins the ids
             tracker = trackers.setdefault(item.unit.id, Tracker())
             poses.track_ids = tracker.update(poses.boxes, poses.keypoints, poses.keypoint_scores, frame=poses.frame,
                                              follows=poses.follows)
@@ -201,11 +216,12 @@ def predict_segments(predictor, plan: ShardPlan, options: PredictOptions, stop: 
 
     summary = RunSummary("frames", skipped=len(plan.mine) - len(todo))
     try:
-        predict_units(predictor, _segment_items(todo, stop), results, finish, stop,
+        predict_units(predictor, _segment_items(todo, stop, context), results, finish, stop,
                       batch=max(1, int(options.batch_images or 8)), box_lookup=lookup, summary=summary)
     finally:
         where = results.close(completed=not (stop is not None and stop.is_set()))
-    return summary.report(where, detail=f" in {len(todo)} segments", written=[where])
+    detail = f" in {len(todo)} segments" + (f" ({context} frames of context each side)" if context else "")
+    return summary.report(where, detail=detail, written=[where])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -28,7 +28,10 @@ at a whole frame, and the summary says it was interrupted.
 JSON (`options.json`): JSON Lines, one COCO results record per person with `frame` (0-based frame
 index) in place of `image_id` (`vitpose.inference.pipeline.coco_records`), flushed frame by frame;
 `options.json_array` writes one JSON array at the end instead (video files only). `options.resume`
-continues a JSON Lines file: the frames it holds are skipped.
+continues a JSON Lines file: the frames it holds are skipped. With `options.smooth == "offline"`
+(a video file, no drawn video, no resume) the whole video is one unit of the results writer
+(`vitpose.inference.smoothing.SmoothingWriter`): its records are held, and written once every
+track can be smoothed as a whole.
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ from vitpose.errors import UserError
 from vitpose.inference.draw import draw_people
 from vitpose.inference.pipeline import coco_records, video_boxes
 from vitpose.inference.results import Poses
-from vitpose.inference.runner import Failures, PredictOptions, predict_chunk
+from vitpose.inference.runner import Failures, PredictOptions, offline_smoothing, predict_chunk
+from vitpose.inference.smoothing import SmoothingWriter, check_offline_smoothing, smoothing_mode
 from vitpose.inference.tracking import DetectionSchedule, KeypointSmoother, Tracker
 from vitpose.inference.video_file import VideoFile, VideoWriteError, open_video_writer, output_video_path  # noqa: F401
 from vitpose.inference.writers import ResultsFile
@@ -58,8 +62,8 @@ from vitpose.run.sources import (  # noqa: F401 - re-exported
     written_video_problem,
 )
 
-__all__ = ["FrameReader", "VideoError", "VideoFile", "VideoWriteError", "VideoSummary", "check_video_file", "open_video_writer", "output_video_path",
-           "run_video"]
+__all__ = ["FrameReader", "VideoError", "VideoFile", "VideoWriteError", "VideoSummary", "check_video_file",
+           "open_video_writer", "output_video_path", "run_video"]
 
 STAGES = ("decode", "detect", "crop", "pose", "decode heatmaps", "track", "draw", "write")
 
@@ -166,11 +170,16 @@ class _Writer:
         self.timer = predictor.timer
         self.skeleton = getattr(predictor, "skeleton", None)
         self.summary, self.results, self.progress = summary, results, progress
-        track, smooth = options.track, options.smooth
+        track, smooth = options.track, smoothing_mode(options.smooth)
         self.report_ids = track
         self.tracker = Tracker(**(options.tracker_options or {})) if (track or smooth) else None
         self.smoother = (KeypointSmoother(reader.fps, **(options.smooth_options or {}))
-                         if smooth else None)
+                         if smooth == "live" else None)
+        # offline: the whole video is one unit of the results, smoothed track by track at its end
+        self.offline = smooth == "offline"
+        self.held = False
+        if self.offline and results is not None:
+            self.results = SmoothingWriter(results, reader.fps, offline_smoothing(options), keep_track_ids=track)
         self.video = None
         out = options.out
         self.video_path = output_video_path(out, reader.source) if out else None
@@ -207,13 +216,23 @@ class _Writer:
             self._post_process(poses)
             if self.results is not None:
                 with self.timer.stage("write"):
-                    self.results.write(*coco_records(poses))
+                    self._write(*coco_records(poses))
             self.summary.frames_done += 1
             self.summary.people += len(poses)
         if self.video_path is not None:
             self._draw_and_write(frame, poses)
         if self.progress is not None:
             self.progress.update(1)
+
+    def _write(self, records: list[dict], nonfinite: int) -> None:
+        """A frame's records: a unit of their own, or (offline smoothing) added to the video's one."""
+        if not self.offline:
+            self.results.write(records, nonfinite)
+            return
+        if not self.held:
+            self.results.begin(None)
+            self.held = True
+        self.results.add(records, nonfinite)
 
     def _post_process(self, poses: Poses) -> None:
         if self.tracker is None:
@@ -223,7 +242,7 @@ class _Writer:
                                       follows=poses.follows)
             if self.smoother is not None and len(ids):
                 poses.keypoints = self.smoother.smooth(ids, poses.keypoints, poses.frame)
-            if self.report_ids:
+            if self.report_ids or self.offline:  # offline smoothing goes by track; its writer drops the ids
                 poses.track_ids = ids
 
     def _draw_and_write(self, frame: Frame, poses: Poses | None) -> None:
@@ -258,6 +277,8 @@ class _Writer:
                     self.summary.video_path = None
                     self.summary.video_error = str(e)
             if self.results is not None:
+                if self.held:  # the frames done, smoothed (a stopped run's too: it cannot be resumed)
+                    self.results.end()
                 self.summary.json_path = str(self.results.close(completed))
                 if self.results.nonfinite:
                     self.summary.notes.append(f"{self.results.nonfinite} keypoint or score values were not "
@@ -357,7 +378,8 @@ def run_video(predictor, source, options: PredictOptions, stop: threading.Event 
         source: a video file path, or a camera index (int).
         options: a `vitpose.inference.runner.PredictOptions`; what a video run reads of it:
             `out` (a folder for <stem>.mp4, or a .mp4/.avi path), `json` (a path), `json_array`,
-            `resume`, `track`, `smooth`, `boxes` (a detection-results JSON keyed by `frame`).
+            `resume`, `track`, `smooth` ("live" / True: One-Euro; "offline": whole tracks, see
+            `vitpose.inference.smoothing`), `boxes` (a detection-results JSON keyed by `frame`).
             Extra knobs: `batch_frames` (frames per predictor call; default `batch_images` or 8, 1
             for a camera), `pipeline` ("auto" | "threads" | "sequential"), `progress` (default
             True), `quiet` (no summary print), `keypoint_threshold` (drawing; default 0.3),
@@ -376,6 +398,7 @@ def run_video(predictor, source, options: PredictOptions, stop: threading.Event 
     boxes = video_boxes(options.boxes)
     if options.resume and options.out:
         raise UserError("--resume with --out: a drawn video cannot be continued; leave out --out")
+    check_offline_smoothing(options.smooth, webcam=webcam, out=options.out, resume=options.resume)
     reader = FrameReader(source, stop=stop)
     if boxes[0] is None and getattr(predictor, "detector", None) is None:
         reader.capture.release()

@@ -28,7 +28,8 @@ from vitpose.errors import UsageError, UserError
 from vitpose.files import opencv_path
 
 __all__ = ["DEFAULT_FPS", "IMAGE_SUFFIXES", "VIDEO_SUFFIXES", "Frame", "FrameReader", "VideoError", "check_video_file",
-           "classify_source", "list_images", "survey", "video_frame_count", "written_video_problem"]
+           "classify_source", "list_images", "survey", "video_frame_count", "video_frame_rate",
+           "written_video_problem"]
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".jp2", ".pgm", ".ppm")
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg", ".wmv", ".flv", ".ts")
@@ -100,6 +101,17 @@ def video_frame_count(video: Path) -> int:
         finally:
             capture.release()
     return int(count) if count and count > 0 else 0
+
+
+def video_frame_rate(video: Path) -> float:
+    """The frame rate the container declares (DEFAULT_FPS, as `FrameReader` takes, when it declares none)."""
+    with opencv_path(video) as name:
+        capture = cv2.VideoCapture(name)
+        try:
+            fps = capture.get(cv2.CAP_PROP_FPS) if capture.isOpened() else 0
+        finally:
+            capture.release()
+    return float(fps) if fps and math.isfinite(fps) and fps > 0 else DEFAULT_FPS
 
 
 class VideoError(UserError, ValueError):
