@@ -294,3 +294,23 @@ def test_run_video_offline_is_the_tracks_of_the_raw_run_smoothed(predictor, vide
     assert [r["keypoints"] for r in untracked] == [r["keypoints"] for r in smoothed]
     with pytest.raises(UserError, match="--out"):
         run_video(predictor, str(video), options(tmp_path, smooth="offline", out=str(tmp_path / "drawn")))
+
+
+def test_bare_smooth_before_the_source_still_means_the_live_filter():
+    """`--smooth` took no value before `offline` existed: `--smooth clip.mp4` keeps its old meaning."""
+    import argparse
+
+    import vitpose.cli as cli
+    from vitpose.cli import predict
+    from vitpose.errors import UsageError
+
+    parser = argparse.ArgumentParser()
+    predict.add_parser(parser.add_subparsers(parser_class=cli.CommandParser))
+    for argv, smooth, sources in ((["--smooth", "clip.mp4"], "live", ("clip.mp4",)),
+                                  (["clip.mp4", "--smooth"], "live", ("clip.mp4",)),
+                                  (["--smooth", "offline", "a.mp4", "b.mp4"], "offline", ("a.mp4", "b.mp4")),
+                                  (["a.mp4", "--smooth", "offline"], "offline", ("a.mp4",))):
+        args = parser.parse_args(["predict", *argv])
+        assert (args.smooth, predict.given_sources(args)) == (smooth, sources), argv
+    with pytest.raises(UsageError, match="at least one image"):
+        predict.given_sources(parser.parse_args(["predict", "--smooth"]))

@@ -52,12 +52,24 @@ from vitpose.run.sources import list_images  # noqa: F401 - public here too
 STAGES = ("decode", "detect", "crop", "pose", "decode heatmaps", "draw", "write")
 
 
+class SmoothAction(argparse.Action):
+    """`--smooth [live|offline]`. A bare `--smooth` written before the source (`--smooth clip.mp4`) meant
+    the live filter before the flag took a value: such a value is a source, kept in `smooth_sources`."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        if value in ("live", "offline"):
+            namespace.smooth = value
+        else:
+            namespace.smooth = "live"
+            namespace.smooth_sources = [*getattr(namespace, "smooth_sources", []), value]
+
+
 def add_parser(subparsers) -> argparse.ArgumentParser:
     doc = __doc__.split("\n\n")
     p = subparsers.add_parser("predict", help="poses in images, directories, videos or a webcam",
                               shared=("--config", "--device", "--debug"), description=doc[0], epilog="\n\n".join(doc[1:]),
                               formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
-    p.add_argument("source", nargs="+",
+    p.add_argument("source", nargs="*",
                    help="images and directories of images, or one video file or webcam index (0, 1, ...)")
     add_model_arguments(p)
     p.add_argument("--boxes", type=Path, default=None,
@@ -75,7 +87,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="labelstudio/cvat: keypoints scored below this are marked for checking, not dropped "
                         "(default: %(default)s)")
     p.add_argument("--track", action="store_true", help="video: stable person ids (track_id)")
-    p.add_argument("--smooth", nargs="?", const="live", default=None, choices=("live", "offline"),
+    p.add_argument("--smooth", nargs="?", const="live", default=None, action=SmoothAction, metavar="live|offline",
                    help="video: less keypoint jitter per track. live (the default of a bare --smooth): the causal "
                         "One-Euro filter, for webcams and streams; offline: a recorded video's whole tracks, gaps "
                         "filled and a zero-lag confidence-weighted Savitzky-Golay filter (works with --segment; "
@@ -134,7 +146,7 @@ def predict_options(args) -> PredictOptions:
     """The typed options of the command line (checked here, before any work)."""
     _check_flags(args)
     return PredictOptions(
-        sources=tuple(str(x) for x in args.source), model=model_options(args), boxes=args.boxes, out=args.out,
+        sources=given_sources(args), model=model_options(args), boxes=args.boxes, out=args.out,
         json=args.json, json_array=args.json_array, resume=args.resume, format=args.format, mark_below=args.mark_below,
         keypoint_threshold=args.keypoint_threshold, track=args.track, smooth=args.smooth or False,
         smooth_gap=PredictOptions.smooth_gap if args.smooth_gap is None else args.smooth_gap,
@@ -142,6 +154,14 @@ def predict_options(args) -> PredictOptions:
         det_every=args.det_every,
         batch_images=args.batch_images, shard=args.shard, segment=args.segment, nproc_per_node=args.nproc_per_node,
         engine=args.engine, workers=args.workers, ray_address=args.ray_address, argv=tuple(getattr(args, "argv", ())))
+
+
+def given_sources(args) -> tuple[str, ...]:
+    """The sources in the order given (one written right after a bare `--smooth` included)."""
+    sources = (*getattr(args, "smooth_sources", ()), *(str(x) for x in args.source))
+    if not sources:
+        raise UsageError("vitpose predict: give at least one image, folder of images, video file or webcam index")
+    return sources
 
 
 def _check_flags(args) -> None:
