@@ -2,8 +2,9 @@
 
 `image_records(poses, file_name, image_id, image_size)` is the records of one image (COCO keypoint
 results, `coco_records`), with the image's width and height added when a pre-annotation format
-needs them; `render_records(records, fmt, skeleton, mark_below)` turns records into the text of
-`--format labelstudio | cvat` (`vitpose.data.annotation_formats`' writers). `vitpose predict` and
+needs them; `render_records(records, fmt, skeleton, mark_below, mark_by)` turns records into the
+text of `--format labelstudio | cvat` (`vitpose.data.annotation_formats`' writers; `mark_by`: what
+the threshold compares, the calibrated `p` where the records carry it by default). `vitpose predict` and
 `vitpose serve` both call these two, so the server's answer for an image and the command's file for
 it cannot drift apart.
 """
@@ -40,23 +41,24 @@ def _check_keypoint_count(records: list[dict], skeleton, fmt: str) -> None:
                         f"names {skeleton.num_keypoints}; give the model's training config with --config")
 
 
-def labelstudio_tasks(records: list[dict], skeleton, mark_below: float, **names) -> list[dict]:
+def labelstudio_tasks(records: list[dict], skeleton, mark_below: float, mark_by: str = "auto", **names) -> list[dict]:
     """Label Studio tasks with predictions of the records (`names`: the labelling config's control
     and object names, `to_labelstudio_tasks`' keywords)."""
     from vitpose.data import annotation_formats
 
     _check_keypoint_count(records, skeleton, "labelstudio")
-    return annotation_formats.to_labelstudio_tasks(records, skeleton.keypoint_names, mark_below=mark_below, **names)
+    return annotation_formats.to_labelstudio_tasks(records, skeleton.keypoint_names, mark_below=mark_below,
+                                                   mark_by=mark_by, **names)
 
 
-def render_records(records: list[dict], fmt: str, skeleton, mark_below: float) -> str:
+def render_records(records: list[dict], fmt: str, skeleton, mark_below: float, mark_by: str = "auto") -> str:
     """records (with width and height) -> the text of `--format labelstudio` (JSON tasks) or `cvat` (XML)."""
     from vitpose.data import annotation_formats
 
     if fmt == "labelstudio":
-        return json.dumps(labelstudio_tasks(records, skeleton, mark_below), indent=1)
+        return json.dumps(labelstudio_tasks(records, skeleton, mark_below, mark_by), indent=1)
     if fmt == "cvat":
         _check_keypoint_count(records, skeleton, fmt)
         return annotation_formats.to_cvat_xml(records, skeleton.keypoint_names, skeleton.skeleton,
-                                              mark_below=mark_below)
+                                              mark_below=mark_below, mark_by=mark_by)
     raise ValueError(f"format must be 'labelstudio' or 'cvat', got {fmt!r}")

@@ -1,0 +1,151 @@
+"""The calibrated fields (`p`, `visibility`) through every writer and reader of prediction records
+(docs/calibrated_outputs.md): Label Studio and CVAT pre-annotations and their imports, the COCO
+results readers, `--mark-below` by p, and records without the fields exactly as before."""
+
+import json
+
+import numpy as np
+import pytest
+from conftest import REPO
+
+from vitpose.data.annotation_formats import (
+    AnnotationFormatError,
+    read_cvat,
+    read_labelstudio,
+    to_coco,
+    to_cvat_xml,
+    to_labelstudio_tasks,
+)
+
+K5 = REPO / "configs" / "demo_k5_skeleton.yaml"
+NAMES = ["nose", "left_wrist", "right_wrist", "left_ankle", "right_ankle"]
+CVAT_TOL = 0.005 + 1e-9  # CVAT writes two decimals
+P_TOL = 0.0005 + 1e-12  # CVAT keeps p in thousandths
+
+
+def calibrated_records(seed: int = 0, calibrated: bool = True) -> list[dict]:
+    """Records as `vitpose predict --json` writes them for two images, two people each, with (or
+    without) the calibrated fields; every visibility state appears."""
+    rng = np.random.default_rng(seed)
+    records = []
+    for file_name, w, h in (("a.jpg", 320, 240), ("b.jpg", 200, 300)):
+        for _ in range(2):
+            x0, y0 = rng.uniform(0, w / 2), rng.uniform(0, h / 2)
+            bw, bh = rng.uniform(20, w / 2), rng.uniform(20, h / 2)
+            kx, ky = rng.uniform(x0, x0 + bw, 5), rng.uniform(y0, y0 + bh, 5)
+            flat = np.stack([kx, ky, rng.uniform(0, 1, 5)], 1).ravel().tolist()
+            record = {"image_id": 0, "file_name": file_name, "width": w, "height": h, "category_id": 1,
+                      "bbox": [x0, y0, bw, bh], "keypoints": flat, "bbox_score": 0.9, "score": 0.8}
+            if calibrated:
+                record["p"] = [round(float(v), 4) for v in rng.uniform(0, 1, 5)]
+                record["visibility"] = [2, 1, 0, 2, int(rng.integers(0, 3))]
+            records.append(record)
+    return records
+
+
+def accepted(tasks: list[dict]) -> list[dict]:
+    """An annotator accepts the predictions: Label Studio copies their result into an annotation."""
+    return [{"id": i, "data": t["data"], "annotations": [{"id": i, "was_cancelled": False,
+                                                          "result": t["predictions"][0]["result"]}]}
+            for i, t in enumerate(tasks)]
+
+
+def check_round_trip(coco: dict, records: list[dict], xy_tol: float, p_tol: float) -> None:
+    got = np.array([a["keypoints"] for a in coco["annotations"]]).reshape(-1, 5, 3)
+    want = np.array([r["keypoints"] for r in records]).reshape(-1, 5, 3)
+    visibility = np.array([r["visibility"] for r in records])
+    np.testing.assert_array_equal(got[..., 2], visibility)
+    placed = visibility > 0
+    np.testing.assert_allclose(got[..., :2][placed], want[..., :2][placed], rtol=0, atol=xy_tol)
+    return got
+
+
+def test_labelstudio_round_trip_of_p_and_visibility(tmp_path):
+    records = calibrated_records()
+    tasks = to_labelstudio_tasks(records, NAMES, mark_below=0.3)
+    result = [r for t in tasks for r in t["predictions"][0]["result"]]
+    choices = [r for r in result if r["type"] == "choices"]
+    points = {r["id"]: r for r in result if r["type"] == "keypointlabels"}
+    # occluded: the per-region choice on the point's id; absent: no point
+    assert sorted(c["id"] for c in choices) == sorted(
+        f"t{i // 2}p{i % 2}k{k}" for i, r in enumerate(records) for k, v in enumerate(r["visibility"]) if v == 1)
+    assert all(c["from_name"] == "visibility" and c["value"]["choices"] == ["occluded"] for c in choices)
+    assert len(points) == sum(v > 0 for r in records for v in r["visibility"])
+    # --mark-below compares p where the records carry it
+    for i, r in enumerate(records):
+        for k, v in enumerate(r["visibility"]):
+            if v:
+                point = points[f"t{i // 2}p{i % 2}k{k}"]
+                assert point["meta"]["p"] == r["p"][k] and point["score"] == r["keypoints"][3 * k + 2]
+                assert ("text" in point["meta"]) == (r["p"][k] < 0.3)
+    path = tmp_path / "export.json"
+    path.write_text(json.dumps(accepted(tasks)))
+    coco = to_coco(read_labelstudio(path, K5))
+    check_round_trip(coco, records, 1e-9 * 320, 0)
+    for annotation, record in zip(coco["annotations"], records):
+        assert annotation["p"] == [p if v > 0 else None for p, v in zip(record["p"], record["visibility"])]
+
+
+def test_cvat_round_trip_of_p_and_visibility(tmp_path):
+    records = calibrated_records(1)
+    text = to_cvat_xml(records, NAMES, [(0, 1)], mark_below=0.3)
+    assert "<name>p_permille</name>" in text and 'outside="1"' in text
+    path = tmp_path / "annotations.xml"
+    path.write_text(text)
+    coco = to_coco(read_cvat(path))
+    check_round_trip(coco, records, CVAT_TOL, P_TOL)
+    for annotation, record in zip(coco["annotations"], records):
+        np.testing.assert_allclose(annotation["p"], record["p"], rtol=0, atol=P_TOL)
+
+
+@pytest.mark.parametrize("fmt", ["labelstudio", "cvat"])
+def test_records_without_the_fields_write_and_read_as_before(fmt, tmp_path):
+    """No calibration: no p anywhere, the low-score points marked (Label Studio's note, CVAT's
+    occluded flag) exactly as the writers always did."""
+    records = calibrated_records(2, calibrated=False)
+    if fmt == "labelstudio":
+        tasks = to_labelstudio_tasks(records, NAMES, mark_below=0.3)
+        result = [r for t in tasks for r in t["predictions"][0]["result"]]
+        assert not any(r["type"] == "choices" or "p" in r.get("meta", {}) for r in result)
+        path = tmp_path / "export.json"
+        path.write_text(json.dumps(accepted(tasks)))
+        coco = to_coco(read_labelstudio(path, K5))
+        want_v = 2
+    else:
+        text = to_cvat_xml(records, NAMES, mark_below=0.3)
+        assert "<attribute>" not in text and "<attribute name" not in text and 'outside="1"' not in text
+        path = tmp_path / "annotations.xml"
+        path.write_text(text)
+        coco = to_coco(read_cvat(path))
+        want_v = np.where(np.array([r["keypoints"][2::3] for r in records]) < 0.3, 1, 2)
+    assert not any("p" in a for a in coco["annotations"])
+    got = np.array([a["keypoints"][2::3] for a in coco["annotations"]])
+    np.testing.assert_array_equal(got, np.broadcast_to(want_v, got.shape))
+
+
+def test_mark_below_by_score_or_p():
+    records = calibrated_records(3)
+    by_score = to_labelstudio_tasks(records, NAMES, mark_below=0.5, mark_by="score")
+    notes = [r["meta"]["text"][0] for t in by_score for r in t["predictions"][0]["result"] if "text" in r.get("meta", {})]
+    assert notes and all(n.startswith("low confidence: score") for n in notes)
+    by_p = to_labelstudio_tasks(records, NAMES, mark_below=0.5)
+    notes = [r["meta"]["text"][0] for t in by_p for r in t["predictions"][0]["result"] if "text" in r.get("meta", {})]
+    assert notes and all(n.startswith("low confidence: p") for n in notes)
+    # CVAT: the review checkbox follows the same rule
+    text = to_cvat_xml(records, NAMES, mark_below=0.5)
+    reviews = text.count('<attribute name="review">true</attribute>')
+    assert reviews == sum(p < 0.5 for r in records for p in r["p"])
+    plain = calibrated_records(3, calibrated=False)
+    with pytest.raises(AnnotationFormatError, match="no calibrated 'p'.*--mark-below-by score"):
+        to_cvat_xml(plain, NAMES, mark_by="p")
+    with pytest.raises(AnnotationFormatError, match="visibility"):
+        to_cvat_xml([{**records[0], "visibility": [3] * 5}], NAMES)
+
+
+def test_labelstudio_meta_p_that_is_not_a_probability_is_named(tmp_path):
+    tasks = to_labelstudio_tasks(calibrated_records(4), NAMES)
+    tasks[0]["predictions"][0]["result"][1]["meta"]["p"] = 1.5
+    path = tmp_path / "export.json"
+    path.write_text(json.dumps(accepted(tasks)))
+    with pytest.raises(AnnotationFormatError, match=r"probability.*meta\.p"):
+        read_labelstudio(path, K5)
