@@ -149,3 +149,26 @@ def test_labelstudio_meta_p_that_is_not_a_probability_is_named(tmp_path):
     path.write_text(json.dumps(accepted(tasks)))
     with pytest.raises(AnnotationFormatError, match=r"probability.*meta\.p"):
         read_labelstudio(path, K5)
+
+
+def test_server_options_name_what_the_threshold_compares():
+    from vitpose.data.metainfo import dataset_info
+    from vitpose.inference.records import MarkingError, parse_marking, render_records
+    from vitpose.serve.labelstudio import labelling_config, labelling_names
+
+    assert parse_marking("0.4", "p") == (0.4, "p")
+    with pytest.raises(MarkingError, match="mark_below_by must be one of auto, score, p") as caught:
+        parse_marking(0.4, "probability")
+    assert caught.value.http_status == 400
+    # the server's Label Studio config names the occlusion choice; a project without one gets no choice
+    names = labelling_names(labelling_config(NAMES), NAMES)
+    assert (names.visibility_control, names.occluded_choice) == ("visibility", "occluded")
+    bare = labelling_names('<View><Image name="img" value="$image"/><KeyPointLabels name="kp" toName="img">'
+                           + "".join(f'<Label value="{n}"/>' for n in NAMES) + "</KeyPointLabels></View>", NAMES)
+    assert bare.visibility_control is None
+    tasks = to_labelstudio_tasks(calibrated_records(5), NAMES, **bare.writer_names())
+    assert not any(r["type"] == "choices" for t in tasks for r in t["predictions"][0]["result"])
+    skeleton = dataset_info(K5)
+    text = render_records(calibrated_records(5), "cvat", skeleton, 0.3, "score")
+    assert text.count('name="review">true') == sum(
+        s < 0.3 for r in calibrated_records(5) for s in r["keypoints"][2::3])

@@ -41,7 +41,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vitpose.cli.options import add_model_arguments, check_numbers, model_options, open_model
+from vitpose.cli.options import add_mark_by_argument, add_model_arguments, check_numbers, model_options, open_model
 from vitpose.errors import UsageError
 from vitpose.inference.dispatch import check_outputs, read_boxes  # noqa: F401 - public here too
 from vitpose.inference.images import drawing_names, output_names, predict_images  # noqa: F401 - public here too
@@ -73,6 +73,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--mark-below", type=float, default=0.3,
                    help="labelstudio/cvat: keypoints scored below this are marked for checking, not dropped "
                         "(default: %(default)s)")
+    add_mark_by_argument(p)
     p.add_argument("--track", action="store_true", help="video: stable person ids (track_id)")
     p.add_argument("--smooth", action="store_true", help="video: One-Euro filter on the keypoints")
     p.add_argument("--det-every", type=int, default=1, metavar="N",
@@ -125,6 +126,7 @@ def predict_options(args) -> PredictOptions:
     return PredictOptions(
         sources=tuple(str(x) for x in args.source), model=model_options(args), boxes=args.boxes, out=args.out,
         json=args.json, json_array=args.json_array, resume=args.resume, format=args.format, mark_below=args.mark_below,
+        mark_by=args.mark_below_by,
         keypoint_threshold=args.keypoint_threshold, track=args.track, smooth=args.smooth, det_every=args.det_every,
         batch_images=args.batch_images, shard=args.shard, segment=args.segment, nproc_per_node=args.nproc_per_node,
         engine=args.engine, workers=args.workers, ray_address=args.ray_address, argv=tuple(getattr(args, "argv", ())))

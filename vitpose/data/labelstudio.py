@@ -287,7 +287,7 @@ def _inside(xyv, bbox) -> bool:
 def to_labelstudio_tasks(records, keypoint_names, *, mark_below: float = DEFAULT_MARK_BELOW, mark_by: str = "auto",
                          image_prefix: str = "/data/local-files/?d=", model_version: str = "vitpose",
                          keypoint_control: str = "keypoints", box_control: str = "person", image_object: str = "image",
-                         box_label: str = "person", visibility_control: str = "visibility",
+                         box_label: str = "person", visibility_control: str | None = "visibility",
                          occluded_choice: str = OCCLUDED_WORD) -> list[dict]:
     """Label Studio tasks with `predictions` (docs/annotations.md §4.1): per person a rectangle and
     its keypoints (`parentID` = the rectangle) in percent of the image, every result with its
@@ -299,8 +299,9 @@ def to_labelstudio_tasks(records, keypoint_names, *, mark_below: float = DEFAULT
     Records with the calibrated fields (docs/calibrated_outputs.md): each keypoint's `p` is its
     region's `meta.p` (Label Studio keeps a region's meta through correction and export); an
     occluded keypoint (visibility 1) gets the per-region choice `occluded_choice` of the
-    `visibility_control` `<Choices perRegion>` (§2.4, what the import reads back as v = 1); an
-    absent one (visibility 0) is not placed, as Label Studio marks a point that is not there."""
+    `visibility_control` `<Choices perRegion>` (§2.4, what the import reads back as v = 1; None: a
+    labelling config without one, no choice); an absent one (visibility 0) is not placed, as Label
+    Studio marks a point that is not there."""
     tasks = []
     for t, (file_name, width, height, recs) in enumerate(shared.images_of(records)):
         common = {"to_name": image_object, "original_width": width, "original_height": height, "image_rotation": 0}
@@ -343,7 +344,7 @@ def _keypoint_results(rec: dict, keypoint_names, where: str, box_id: str, common
         if meta:
             point["meta"] = meta
         out.append(point)
-        if visibility is not None and visibility[k] == 1:
+        if visibility is not None and visibility[k] == 1 and visibility_control:
             out.append({"id": point["id"], "type": "choices", "from_name": visibility_control, **common,
                         "value": {**value, "choices": [occluded_choice]}})
     return out

@@ -194,7 +194,8 @@ def _annotation_writer(options: PredictOptions, predictor):
     from vitpose.inference.records import render_records
 
     skeleton = getattr(predictor, "skeleton", None) or dataset_info("coco")
-    return lambda records: render_records(records, options.format, skeleton, options.mark_below)
+    return lambda records: render_records(records, options.format, skeleton, options.mark_below,
+                                                  options.mark_by)
 
 
 def _box_lookup(table, key: str, ids: dict):

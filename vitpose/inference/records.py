@@ -13,12 +13,33 @@ from __future__ import annotations
 
 import json
 
-from vitpose.errors import UserError
+from vitpose.errors import UsageError, UserError
 from vitpose.inference.pipeline import coco_records
 
-__all__ = ["FORMATS", "image_records", "labelstudio_tasks", "render_records"]
+__all__ = ["FORMATS", "MarkingError", "image_records", "labelstudio_tasks", "parse_marking",
+           "render_records"]
 
 FORMATS = ("coco", "labelstudio", "cvat")
+
+
+class MarkingError(UsageError):
+    """A request's `mark_below` / `mark_below_by` that is not one (the server answers 400)."""
+
+    http_status = 400
+
+
+def parse_marking(mark_below, mark_by) -> tuple[float, str]:
+    """A request's (or a form's) threshold and what it compares, checked: (float, one of
+    `vitpose.data.annotation_draft.MARK_BY`)."""
+    from vitpose.data.annotation_draft import MARK_BY
+
+    try:
+        mark_below = float(mark_below)
+    except (TypeError, ValueError):
+        raise MarkingError(f"mark_below must be a number, got {mark_below!r}") from None
+    if mark_by not in MARK_BY:
+        raise MarkingError(f"mark_below_by must be one of {', '.join(MARK_BY)}, got {mark_by!r}")
+    return mark_below, mark_by
 
 
 def image_records(poses, file_name: str, image_id: int, image_size=None) -> tuple[list[dict], int]:

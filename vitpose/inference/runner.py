@@ -42,7 +42,7 @@ class PredictOptions:
 
     Outputs: `json` (results file, or a directory / `{shard}` pattern of a sharded run),
     `json_array` (one JSON list at the end), `resume`, `format` ("coco" | "labelstudio" | "cvat"),
-    `mark_below`, `out` (drawings, or a drawn video), `keypoint_threshold` (drawing). Video: `track`,
+    `mark_below` (`mark_by`: what it compares), `out` (drawings, or a drawn video), `keypoint_threshold` (drawing). Video: `track`,
     `smooth`, `det_every` / `det_lost_ratio` (the detector on every N-th frame), `batch_frames`
     (frames per call; default `batch_images`, 1 for a camera), `pipeline` ("auto" | "threads" |
     "sequential"), `tracker_options` / `smooth_options` (keyword arguments of `Tracker` /
@@ -63,6 +63,7 @@ class PredictOptions:
     resume: bool = False
     format: str = "coco"
     mark_below: float = 0.3
+    mark_by: str = "auto"  # what mark_below compares: p where the records carry it (annotation_draft.MARK_BY)
     keypoint_threshold: float = 0.3
     track: bool = False
     smooth: bool = False
