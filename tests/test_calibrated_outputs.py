@@ -172,3 +172,144 @@ def test_server_options_name_what_the_threshold_compares():
     text = render_records(calibrated_records(5), "cvat", skeleton, 0.3, "score")
     assert text.count('name="review">true') == sum(
         s < 0.3 for r in calibrated_records(5) for s in r["keypoints"][2::3])
+
+
+# ---------------------------------------------------------------------------------------------
+# --rescore calibrated and its gate
+
+
+@pytest.fixture(scope="module")
+def labelled_set(tmp_path_factory):
+    from vitpose.data.synthetic import make_coco
+
+    root = tmp_path_factory.mktemp("rescore")
+    make_coco(root, num_images=24, seed=5, split="val")
+    return root / "annotations/person_keypoints_val2017.json"
+
+
+def _gate_predictions(ann_file, informative: bool) -> list[dict]:
+    """Per labelled person a right prediction (its label plus a pixel of noise) and a wrong one
+    (the keypoints scattered over the box), raw scores that cannot tell them apart, and p that tells
+    them apart (`informative`) or the other way round."""
+    rng = np.random.default_rng(0)
+    coco = json.loads(ann_file.read_text())
+    predictions = []
+    for ann in coco["annotations"]:
+        label = np.asarray(ann["keypoints"], np.float64).reshape(-1, 3)
+        x, y, w, h = ann["bbox"]
+        for right in (True, False):
+            xy = label[:, :2] + rng.normal(0, 1, (len(label), 2)) if right else \
+                np.stack([rng.uniform(x, x + w, len(label)), rng.uniform(y, y + h, len(label))], 1)
+            sure = 0.9 if right == informative else 0.3
+            predictions.append({"id": len(predictions), "image_id": ann["image_id"], "keypoints": xy,
+                                "keypoint_scores": rng.uniform(0.5, 0.9, len(label)).astype(np.float32),
+                                "keypoint_p": np.full(len(label), sure), "bbox_score": 1.0, "area": w * h})
+    return predictions
+
+
+def test_rescore_gate_keeps_a_rescoring_that_helps_and_not_one_that_hurts(labelled_set):
+    from vitpose.evaluation.coco_evaluator import CocoEvaluator
+    from vitpose.evaluation.rescoring import RescoreError, rescore_gate
+
+    evaluator = CocoEvaluator(labelled_set)
+    helps = rescore_gate(evaluator, _gate_predictions(labelled_set, True), bootstrap=50)
+    assert helps.ap_rescored > helps.ap_raw and helps.kept, helps.lines()
+    hurts = rescore_gate(evaluator, _gate_predictions(labelled_set, False), bootstrap=50)
+    assert hurts.ap_rescored < hurts.ap_raw and not hurts.kept, hurts.lines()
+    assert "not kept" in hurts.lines()[0] and hurts.as_dict()["rescore_kept"] is False
+    assert evaluator.keypoint_score_thr == 0.2  # the evaluator is left as it was
+    same = [{**p, "keypoint_p": p["keypoint_scores"]} for p in _gate_predictions(labelled_set, True)]
+    unchanged = rescore_gate(evaluator, same, bootstrap=20)
+    assert unchanged.difference == 0 and unchanged.interval == (0.0, 0.0) and unchanged.kept
+    with pytest.raises(RescoreError, match="no calibrated p"):
+        rescore_gate(evaluator, [{k: v for k, v in p.items() if k != "keypoint_p"} for p in same])
+
+
+def test_rescored_records_and_the_models_verdict():
+    from vitpose.evaluation.rescoring import RescoreError, rescore_kept, rescored_records
+    from vitpose.models.spec import ModelSpec
+
+    record = {"keypoints": [0, 0, 0.9] * 3, "bbox_score": 0.8, "score": 0.5, "p": [0.9, 0.1, 0.6]}
+    (out,) = rescored_records([record])
+    assert out["score"] == pytest.approx(0.8 * (0.9 + 0.6) / 2) and out["raw_score"] == 0.5
+    with pytest.raises(RescoreError, match="no calibrated 'p'"):
+        rescored_records([{k: v for k, v in record.items() if k != "p"}])
+    assert not rescore_kept(ModelSpec()) and not rescore_kept(None)
+    assert rescore_kept({"calibration": {"rescore_kept": True}})
+    assert not rescore_kept({"calibration": {"rescore_kept": False}})
+
+
+def test_coco_results_readers_keep_the_fields(tmp_path):
+    """The fields pass every COCO results reader: `vitpose merge`'s records, the raw predictions
+    file (`load_predictions`: arrays back) and select's progress lines."""
+    from vitpose.evaluation.predictions import load_predictions, save_predictions
+    from vitpose.inference.units import as_coco_results
+
+    records = calibrated_records(6)
+    assert as_coco_results(records) == records
+    path = tmp_path / "predictions.json"
+    save_predictions([{"id": 0, "image_id": 1, "keypoints": np.zeros((5, 2)), "keypoint_scores": np.ones(5),
+                       "keypoint_p": np.full(5, 0.25), "keypoint_visibility": np.array([2, 1, 0, 2, 2], np.int8),
+                       "bbox_score": 1.0, "area": 10.0},
+                      {"id": 1, "image_id": 1, "keypoints": np.zeros((5, 2)), "keypoint_scores": np.ones(5),
+                       "bbox_score": 1.0, "area": 10.0}], path)
+    first, second = load_predictions(path)
+    assert first["keypoint_p"].dtype == np.float32 and first["keypoint_p"].tolist() == [0.25] * 5
+    assert first["keypoint_visibility"].dtype == np.int8 and first["keypoint_visibility"].tolist() == [2, 1, 0, 2, 2]
+    assert "keypoint_p" not in second and "keypoint_visibility" not in second
+
+
+def test_vitpose_merge_keeps_the_fields_and_invents_none(tmp_path):
+    from vitpose.inference.units import ShardFile, WorkUnit, merge_shards, write_manifest
+
+    calibrated, plain = calibrated_records(7)[0], calibrated_records(7, calibrated=False)[0]
+    units = [WorkUnit(name, name, file_name=name, image_id=i) for i, name in enumerate(("a.png", "b.png"))]
+    write_manifest(tmp_path, units, tmp_path)
+    writer = ShardFile(tmp_path / "shard-0-of-1.jsonl", 0, 1, units,
+                       origin={"model": "m.pth", "model_sha256": "ab" * 32, "source": str(tmp_path)})
+    for unit, record in zip(units, (calibrated, plain)):
+        writer.begin(unit)
+        writer.add([record])
+        writer.end()
+    writer.close(completed=True)
+    first, second = merge_shards(tmp_path).records
+    assert (first["p"], first["visibility"]) == (calibrated["p"], calibrated["visibility"])
+    assert "p" not in second and "visibility" not in second
+
+
+@pytest.mark.slow  # a model load and a prediction: seconds on a shared CPU
+def test_predict_refuses_p_and_rescoring_of_a_model_without_calibration(tmp_path, coco_mini_dir, capsys):
+    """A model without a calibration: `--rescore calibrated` is refused before the work, `--mark-below-by
+    p` names the missing field (one line each, exit 2)."""
+    import shutil
+
+    from test_evaluate import tiny_model, write_config
+
+    import vitpose
+    from vitpose.cli import main as vitpose_main
+
+    weights = tmp_path / "tiny.safetensors"
+    vitpose.save_weights(tiny_model(seed=11), weights)
+    images = tmp_path / "images"
+    images.mkdir()
+    shutil.copy(coco_mini_dir / "000000000785.jpg", images / "000000000785.jpg")
+    base = ["predict", str(images), "--config", str(write_config(tmp_path, coco_mini_dir)), "--model", str(weights),
+            "--detector", "full-frame", "--device", "cpu"]
+    assert vitpose_main(base + ["--json", str(tmp_path / "r.json"), "--rescore", "calibrated"]) == 2
+    err = capsys.readouterr().err
+    assert "--rescore calibrated" in err and "rescore_kept" in err and not (tmp_path / "r.json").exists()
+    out = tmp_path / "tasks.xml"
+    assert vitpose_main(base + ["--format", "cvat", "--json", str(out), "--mark-below-by", "p"]) == 2
+    assert "no calibrated 'p'" in capsys.readouterr().err
+
+
+def test_predict_rescores_only_a_model_whose_gate_kept_it():
+    from types import SimpleNamespace
+
+    from vitpose.cli.predict import check_rescore_kept
+    from vitpose.evaluation.rescoring import RescoreError
+
+    check_rescore_kept(SimpleNamespace(spec={"calibration": {"rescore_kept": True}}))
+    for spec in (None, {"calibration": {"rescore_kept": False}}, {"calibration": None}):
+        with pytest.raises(RescoreError, match="rescore_kept"):
+            check_rescore_kept(SimpleNamespace(spec=spec, model=None))

@@ -74,6 +74,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="labelstudio/cvat: keypoints scored below this are marked for checking, not dropped "
                         "(default: %(default)s)")
     add_mark_by_argument(p)
+    p.add_argument("--rescore", choices=("none", "calibrated"), default="none",
+                   help="calibrated: each person's score from its keypoints' calibrated p (box score x mean p above "
+                        "0.2), only for a model whose calibration records that the AP gate kept it (`vitpose evaluate "
+                        "--rescore calibrated` measures it; docs/calibrated_outputs.md; default: %(default)s)")
     p.add_argument("--track", action="store_true", help="video: stable person ids (track_id)")
     p.add_argument("--smooth", action="store_true", help="video: One-Euro filter on the keypoints")
     p.add_argument("--det-every", type=int, default=1, metavar="N",
@@ -126,7 +130,7 @@ def predict_options(args) -> PredictOptions:
     return PredictOptions(
         sources=tuple(str(x) for x in args.source), model=model_options(args), boxes=args.boxes, out=args.out,
         json=args.json, json_array=args.json_array, resume=args.resume, format=args.format, mark_below=args.mark_below,
-        mark_by=args.mark_below_by,
+        mark_by=args.mark_below_by, rescore=args.rescore,
         keypoint_threshold=args.keypoint_threshold, track=args.track, smooth=args.smooth, det_every=args.det_every,
         batch_images=args.batch_images, shard=args.shard, segment=args.segment, nproc_per_node=args.nproc_per_node,
         engine=args.engine, workers=args.workers, ray_address=args.ray_address, argv=tuple(getattr(args, "argv", ())))
@@ -142,8 +146,25 @@ def _check_flags(args) -> None:
         raise UsageError(f"--resume continues COCO JSON Lines; --format {args.format} writes one whole file")
     if args.boxes is not None and args.detector not in (None, "none"):
         raise UsageError("--boxes gives the person boxes: leave out --detector (or say --detector none)")
+    if args.rescore != "none" and args.engine == "ray":
+        raise UsageError("--rescore calibrated runs with the local engine; leave out --engine ray")
     if args.boxes is None and args.detector == "none":
         raise UsageError("--detector none needs the boxes from --boxes FILE.json (or use --detector full-frame)")
+
+
+def check_rescore_kept(predictor) -> None:
+    """`--rescore calibrated` only for a model whose recorded calibration says the AP gate kept it."""
+    from vitpose.evaluation.rescoring import RescoreError, rescore_kept
+
+    spec, model = getattr(predictor, "spec", None), getattr(predictor, "model", None)
+    if spec is None and model is not None:  # a Predictor: the spec its loaded model carries
+        from vitpose.models.wrappers import unwrap_model
+
+        spec = getattr(unwrap_model(model), "spec", None)
+    if not rescore_kept(spec):
+        raise RescoreError("--rescore calibrated: the model file records no calibration whose rescoring the AP gate "
+                           "kept (rescore_kept); `vitpose calibrate` fits one, `vitpose evaluate --rescore calibrated` "
+                           "measures it; leave out the flag")
 
 
 def run(args) -> int:
@@ -156,6 +177,8 @@ def run(args) -> int:
     if run.spawn:
         return sharded.spawn_shards(run.options)
     predictor = build_predictor(run.options.model)
+    if run.options.rescore == "calibrated":
+        check_rescore_kept(predictor)
     if run.options.engine == "ray":  # the model runs in Ray's actors; opened here first all the same, so
         from vitpose.integrations.ray import (
             predict_with_ray,  # a mistake in its flags is one line, not each actor's death

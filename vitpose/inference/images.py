@@ -117,7 +117,8 @@ class _ImageRun:
             with self.predictor.timer.stage("write"):
                 # the pre-annotation formats need the size; `vitpose serve` answers with the same records
                 size = item.image.shape[:2] if self.options.format != "coco" else None
-                records, nonfinite = image_records(poses, item.label, self.ids[item.label], size)
+                records, nonfinite = image_records(poses, item.label, self.ids[item.label], size,
+                                                   self.options.rescore)
         if self.options.out is not None:
             self.draw(item, poses)
         return records, nonfinite

@@ -17,7 +17,7 @@ from vitpose.errors import UsageError, UserError
 from vitpose.inference.pipeline import coco_records
 
 __all__ = ["FORMATS", "MarkingError", "image_records", "labelstudio_tasks", "parse_marking",
-           "render_records"]
+           "render_records", "rescored"]
 
 FORMATS = ("coco", "labelstudio", "cvat")
 
@@ -42,17 +42,28 @@ def parse_marking(mark_below, mark_by) -> tuple[float, str]:
     return mark_below, mark_by
 
 
-def image_records(poses, file_name: str, image_id: int, image_size=None) -> tuple[list[dict], int]:
+def image_records(poses, file_name: str, image_id: int, image_size=None, rescore: str = "none") -> tuple[list[dict], int]:
     """The records of one image's `Poses` -> (records, non-finite values written as null).
 
     image_size: (height, width) of the image (an image's `.shape[:2]`) to add as `width` and
     `height` (the pre-annotation formats place points in percent of the image); None: COCO only.
+    rescore: "calibrated" scores each person from its calibrated p (`rescored`).
     """
-    records, nonfinite = coco_records(poses, image_id=image_id, file_name=file_name)
+    records, nonfinite = rescored(*coco_records(poses, image_id=image_id, file_name=file_name), rescore)
     if image_size is not None:
         height, width = int(image_size[0]), int(image_size[1])
         records = [{**r, "width": width, "height": height} for r in records]
     return records, nonfinite
+
+
+def rescored(records: list[dict], nonfinite: int, mode: str = "none") -> tuple[list[dict], int]:
+    """`coco_records`' answer with the instance scores of `--rescore` (`mode`: "none", as it is; "calibrated":
+    `vitpose.evaluation.rescoring.rescored_records`, from the calibrated p)."""
+    if mode == "none":
+        return records, nonfinite
+    from vitpose.evaluation.rescoring import rescored_records
+
+    return rescored_records(records), nonfinite
 
 
 def _check_keypoint_count(records: list[dict], skeleton, fmt: str) -> None:

@@ -64,6 +64,7 @@ class PredictOptions:
     format: str = "coco"
     mark_below: float = 0.3
     mark_by: str = "auto"  # what mark_below compares: p where the records carry it (annotation_draft.MARK_BY)
+    rescore: str = "none"  # "calibrated": instance scores from p (vitpose.evaluation.rescoring)
     keypoint_threshold: float = 0.3
     track: bool = False
     smooth: bool = False
