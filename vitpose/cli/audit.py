@@ -128,7 +128,8 @@ def write_reports(args, predictor, labels, lines) -> None:
         records = review_records(flagged, labels, lines, skeleton.keypoint_names)
         if args.tasks.suffix.lower() == ".json":
             tasks = annotation_formats.to_labelstudio_tasks(records, skeleton.keypoint_names, mark_below=0.5,
-                                                            image_prefix=args.image_prefix, model_version="vitpose audit")
+                                                            mark_by="score", image_prefix=args.image_prefix,
+                                                            model_version="vitpose audit")
             reasons = {}
             for row in flagged:
                 reasons.setdefault(row["image"], []).extend(f"id {row['annotation_id']}: {r}" for r in row["reasons"])
@@ -137,7 +138,8 @@ def write_reports(args, predictor, labels, lines) -> None:
                 task["data"]["vitpose_audit"] = reasons.get(name, [])
             text = json.dumps(tasks, indent=1)
         else:
-            text = annotation_formats.to_cvat_xml(records, skeleton.keypoint_names, skeleton.skeleton, mark_below=0.5)
+            text = annotation_formats.to_cvat_xml(records, skeleton.keypoint_names, skeleton.skeleton, mark_below=0.5,
+                                                  mark_by="score")
         write_atomic(args.tasks.expanduser(), text)
     print(f"{len(rows)} labelled people audited, {len(flagged)} flagged (suspicion >= {args.flag:g})"
           + "".join(f"; written: {o}" for o in args.out) + (f"; tasks: {args.tasks}" if args.tasks else ""))

@@ -67,6 +67,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=None,
                    help="predictions JSON (default: WORK_DIR/eval/predictions.json); the COCO results go "
                         "to the same name ending in .coco_results.json")
+    p.add_argument("--rescore", choices=("none", "calibrated"), default="none",
+                   help="calibrated: also score people from a calibrated model's keypoint p and report both APs, the "
+                        "paired bootstrap interval of the difference and whether the gate keeps the rescoring "
+                        "(docs/calibrated_outputs.md; default: %(default)s)")
     p.add_argument("--vis", type=Path, default=None, help="write pose drawings (PNG) of the first images here")
     p.add_argument("--vis-num", type=int, default=10, help="how many images --vis draws (default: %(default)s)")
     p.set_defaults(run=run)
@@ -139,6 +143,9 @@ def evaluate_checkpoint(args) -> dict:
     dataset = build_val_set(cfg, root, bbox_file, info=skeleton)
     loaded = load_model(args.checkpoint, config=cfg, device=device)  # the one way to a model
     model, codec, report = loaded.model, loaded.codec, loaded.report
+    if args.rescore == "calibrated" and getattr(loaded.spec, "calibration", None) is None:
+        raise UsageError(f"--rescore calibrated: {args.checkpoint} records no calibration; run `vitpose calibrate` "
+                         "first, or leave out the flag")
     print(f"config    : {config_source}")
     print(f"model     : {cfg.model.name} ({cfg.model.decoder} decoder) from {args.checkpoint} "
           f"[{getattr(report, 'layout', '?')} layout]")
@@ -164,6 +171,10 @@ def evaluate_checkpoint(args) -> dict:
     write_outputs(args, out, evaluator, dataset, predictions)
     print()
     print(format_stats(stats))
+    if args.rescore == "calibrated":
+        from vitpose.evaluation.rescoring import rescore_gate
+
+        print("\n".join(rescore_gate(evaluator, predictions).lines()))
     return stats
 
 

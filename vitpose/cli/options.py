@@ -119,6 +119,16 @@ def open_model(options, *, views: bool = False):
     return predictor
 
 
+def add_mark_by_argument(parser: argparse.ArgumentParser) -> None:
+    """`--mark-below-by`: what `--mark-below` compares in the pre-annotations (predict, serve, select)."""
+    from vitpose.data.annotation_draft import MARK_BY
+
+    parser.add_argument("--mark-below-by", choices=MARK_BY, default="auto",
+                        help="what --mark-below compares: the calibrated probability p of a model with a calibration "
+                             "(`vitpose calibrate`), else the raw score (auto), or one of them (p: refused for a "
+                             "model without a calibration; default: %(default)s)")
+
+
 def check_numbers(*rules) -> None:
     """Numeric flags inside their ranges, each rule `(flag, value, low, high[, note])` (None: no
     bound; a value None: not given); the first outside is one line naming it: `--flag must be >= LOW`

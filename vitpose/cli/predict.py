@@ -42,7 +42,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vitpose.cli.options import add_model_arguments, check_numbers, model_options, open_model
+from vitpose.cli.options import add_mark_by_argument, add_model_arguments, check_numbers, model_options, open_model
 from vitpose.errors import UsageError
 from vitpose.inference.dispatch import check_outputs, read_boxes  # noqa: F401 - public here too
 from vitpose.inference.images import drawing_names, output_names, predict_images  # noqa: F401 - public here too
@@ -86,6 +86,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--mark-below", type=float, default=0.3,
                    help="labelstudio/cvat: keypoints scored below this are marked for checking, not dropped "
                         "(default: %(default)s)")
+    add_mark_by_argument(p)
+    p.add_argument("--rescore", choices=("none", "calibrated"), default="none",
+                   help="calibrated: each person's score from its keypoints' calibrated p (box score x mean p above "
+                        "0.2), only for a model whose calibration records that the AP gate kept it (`vitpose evaluate "
+                        "--rescore calibrated` measures it; docs/calibrated_outputs.md; default: %(default)s)")
     p.add_argument("--track", action="store_true", help="video: stable person ids (track_id)")
     p.add_argument("--smooth", nargs="?", const="live", default=None, action=SmoothAction, metavar="live|offline",
                    help="video: less keypoint jitter per track. live (the default of a bare --smooth): the causal "
@@ -148,6 +153,7 @@ def predict_options(args) -> PredictOptions:
     return PredictOptions(
         sources=given_sources(args), model=model_options(args), boxes=args.boxes, out=args.out,
         json=args.json, json_array=args.json_array, resume=args.resume, format=args.format, mark_below=args.mark_below,
+        mark_by=args.mark_below_by, rescore=args.rescore,
         keypoint_threshold=args.keypoint_threshold, track=args.track, smooth=args.smooth or False,
         smooth_gap=PredictOptions.smooth_gap if args.smooth_gap is None else args.smooth_gap,
         smooth_cutoff=PredictOptions.smooth_cutoff if args.smooth_cutoff is None else args.smooth_cutoff,
@@ -180,8 +186,25 @@ def _check_flags(args) -> None:
         raise UsageError(f"--resume continues COCO JSON Lines; --format {args.format} writes one whole file")
     if args.boxes is not None and args.detector not in (None, "none"):
         raise UsageError("--boxes gives the person boxes: leave out --detector (or say --detector none)")
+    if args.rescore != "none" and args.engine == "ray":
+        raise UsageError("--rescore calibrated runs with the local engine; leave out --engine ray")
     if args.boxes is None and args.detector == "none":
         raise UsageError("--detector none needs the boxes from --boxes FILE.json (or use --detector full-frame)")
+
+
+def check_rescore_kept(predictor) -> None:
+    """`--rescore calibrated` only for a model whose recorded calibration says the AP gate kept it."""
+    from vitpose.evaluation.rescoring import RescoreError, rescore_kept
+
+    spec, model = getattr(predictor, "spec", None), getattr(predictor, "model", None)
+    if spec is None and model is not None:  # a Predictor: the spec its loaded model carries
+        from vitpose.models.wrappers import unwrap_model
+
+        spec = getattr(unwrap_model(model), "spec", None)
+    if not rescore_kept(spec):
+        raise RescoreError("--rescore calibrated: the model file records no calibration whose rescoring the AP gate "
+                           "kept (rescore_kept); `vitpose calibrate` fits one, `vitpose evaluate --rescore calibrated` "
+                           "measures it; leave out the flag")
 
 
 def run(args) -> int:
@@ -194,6 +217,8 @@ def run(args) -> int:
     if run.spawn:
         return sharded.spawn_shards(run.options)
     predictor = build_predictor(run.options.model)
+    if run.options.rescore == "calibrated":
+        check_rescore_kept(predictor)
     if run.options.engine == "ray":  # the model runs in Ray's actors; opened here first all the same, so
         from vitpose.integrations.ray import (
             predict_with_ray,  # a mistake in its flags is one line, not each actor's death

@@ -26,7 +26,7 @@ import json
 import sys
 from pathlib import Path
 
-from vitpose.cli.options import add_model_arguments, check_numbers, model_options, open_model
+from vitpose.cli.options import add_mark_by_argument, add_model_arguments, check_numbers, model_options, open_model
 from vitpose.errors import EXIT_INTERRUPTED, EXIT_OK, UsageError
 
 FORMATS = ("labelstudio", "cvat", "coco")
@@ -60,6 +60,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="labelstudio: the image URL before the file name (default Label Studio's local files)")
     p.add_argument("--mark-below", type=float, default=0.3,
                    help="keypoints scored below this are marked for checking in the tasks (default 0.3)")
+    add_mark_by_argument(p)
     p.set_defaults(run=run)
     return p
 
@@ -141,7 +142,7 @@ def write_choice(args, predictor, scores, kind: str, frames_dir) -> None:
     skeleton = predictor.skeleton
     if args.format == "labelstudio":
         tasks = annotation_formats.to_labelstudio_tasks(records, skeleton.keypoint_names, mark_below=args.mark_below,
-                                                        image_prefix=args.image_prefix)
+                                                        mark_by=args.mark_below_by, image_prefix=args.image_prefix)
         why = {s.item: s for s in chosen}
         for task in tasks:  # the reason travels with the task (a data field Label Studio shows, imports ignore)
             name = annotation_formats.labelstudio_file_name(task["data"]["image"])
@@ -150,7 +151,7 @@ def write_choice(args, predictor, scores, kind: str, frames_dir) -> None:
         text = json.dumps(tasks, indent=1)
     elif args.format == "cvat":
         text = annotation_formats.to_cvat_xml(records, skeleton.keypoint_names, skeleton.skeleton,
-                                              mark_below=args.mark_below)
+                                              mark_below=args.mark_below, mark_by=args.mark_below_by)
     else:
         text = json.dumps(records)
     write_atomic(args.out.expanduser(), text)

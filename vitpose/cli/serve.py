@@ -38,7 +38,14 @@ import ipaddress
 import os
 from pathlib import Path
 
-from vitpose.cli.options import DEFAULT_MODEL, add_model_arguments, check_numbers, model_options, open_model
+from vitpose.cli.options import (
+    DEFAULT_MODEL,
+    add_mark_by_argument,
+    add_model_arguments,
+    check_numbers,
+    model_options,
+    open_model,
+)
 from vitpose.errors import UsageError, require_extra
 
 __all__ = ["DEFAULT_MODEL", "ServeError", "TOKEN_ENV", "add_parser", "run"]
@@ -88,6 +95,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="Label Studio: fetch task images from this server (token: $LABEL_STUDIO_API_KEY or /setup's)")
     p.add_argument("--mark-below", type=float, default=0.3,
                    help="labelstudio/cvat answers: keypoints scored below this are marked (default: %(default)s)")
+    add_mark_by_argument(p)
     p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     p.set_defaults(run=run)
     return p
@@ -168,6 +176,7 @@ def run(args) -> int:
     model_name = Path(args.model).name if Path(args.model).exists() else str(args.model)
     settings = serve_app.Settings(model_name=model_name, max_body=max_body, max_pixels=args.max_pixels,
                                   timeout=args.timeout, token=token, mark_below=args.mark_below,
+                                  mark_by=args.mark_below_by,
                                   max_in_flight=args.max_in_flight, body_timeout=args.body_timeout,
                                   max_pixels_in_flight=args.max_pixels_in_flight, max_boxes=args.max_boxes,
                                   details=details)

@@ -24,6 +24,9 @@ from .errors import DataError
 from .metainfo import DatasetInfo, dataset_info
 
 DEFAULT_MARK_BELOW = 0.3  # keypoint scores below this are marked for the annotator's attention
+# What `--mark-below` compares: "auto" the calibrated probability `p` where the records carry it (a
+# model with a calibration) and the raw score where they do not; or either one asked by name.
+MARK_BY = ("auto", "score", "p")
 # Both tools keep points inside the image (Label Studio's canvas, CVAT projects them onto its edge);
 # this much past the border is float rounding of a point placed on it (percent -> pixels).
 EDGE_TOLERANCE_PX = 1e-6
@@ -42,6 +45,9 @@ class DraftPerson:
 
     keypoints: dict[str, tuple[float, float, int]] = field(default_factory=dict)
     bbox: list[float] | None = None  # [x, y, w, h]
+    # keypoint name -> the calibrated probability a pre-annotation carried (Label Studio's `meta.p`,
+    # CVAT's `p_permille` attribute); empty when the export has none
+    p: dict[str, float] = field(default_factory=dict)
     where: str = ""  # the task / image / region, for messages
 
 
@@ -190,6 +196,8 @@ def to_coco(draft: Draft) -> dict:
             annotations.append({"id": len(annotations) + 1, "image_id": image_id, "category_id": 1,
                                 "keypoints": flat, "num_keypoints": len(labelled), "bbox": bbox,
                                 "area": bbox[2] * bbox[3], "iscrowd": 0})
+            if person.p:  # the calibrated p of the pre-annotation, null where a point had none
+                annotations[-1]["p"] = [person.p.get(name) for name in draft.names]
     category = {"id": 1, "name": draft.category, "supercategory": draft.category, "keypoints": list(draft.names),
                 "skeleton": [[index[a] + 1, index[b] + 1] for a, b in draft.limbs]}
     return {"info": {"description": f"imported from {draft.tool} export {Path(draft.source).name}"},
@@ -230,6 +238,37 @@ def keypoints_of(rec: dict, K: int, where: str) -> list[tuple[float, float, floa
         raise AnnotationFormatError(f"must hold {3 * K} numbers (x, y, score for {K} keypoints)", record=where,
                                     field="keypoints")
     return [(float(flat[3 * k]), float(flat[3 * k + 1]), float(flat[3 * k + 2])) for k in range(K)]
+
+
+def calibrated_of(rec: dict, K: int, where: str) -> tuple[list[float] | None, list[int] | None]:
+    """A record's calibrated fields: `p` (K probabilities) and `visibility` (K of COCO's states 0
+    absent, 1 occluded, 2 visible), each None when the record does not carry it (a model without a
+    calibration): never invented."""
+    p, visibility = rec.get("p"), rec.get("visibility")
+    if p is not None:
+        if not isinstance(p, list) or len(p) != K:
+            raise AnnotationFormatError(f"must hold {K} probabilities, one per keypoint", record=where, field="p")
+        p = [math.nan if v is None else float(v) for v in p]
+    if visibility is not None:
+        if not isinstance(visibility, list) or len(visibility) != K or any(v not in (0, 1, 2) for v in visibility):
+            raise AnnotationFormatError(f"must hold {K} of 0 (absent), 1 (occluded), 2 (visible)", record=where,
+                                        field="visibility")
+        visibility = [int(v) for v in visibility]
+    return p, visibility
+
+
+def mark_values(scores: list[float], p: list[float] | None, mark_by: str, where: str) -> tuple[list[float], str]:
+    """What `--mark-below` compares for one record's keypoints, and its name: `p` where `mark_by` is
+    "p", or "auto" and the record carries it; else the raw scores (`MARK_BY`). Asking for "p" of
+    a record without it is an error: the model has no calibration."""
+    if mark_by not in MARK_BY:
+        raise ValueError(f"mark_by must be one of {MARK_BY}, got {mark_by!r}")
+    if mark_by == "p" and p is None:
+        raise AnnotationFormatError("has no calibrated 'p': the model has no calibration (run `vitpose calibrate`) "
+                                    "or mark by the raw score (--mark-below-by score)", record=where, field="p")
+    if mark_by == "score" or p is None:
+        return scores, "score"
+    return p, "p"
 
 
 def onto_image(x: float, y: float, width: int, height: int) -> tuple[float, float, str]:

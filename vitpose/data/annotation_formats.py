@@ -15,8 +15,12 @@ In (`vitpose import-annotations`):
 
 Out (`vitpose predict --format labelstudio|cvat`): `to_labelstudio_tasks(records, ...)` and
 `to_cvat_xml(records, ...)` take COCO-style prediction records (`file_name`, `width`, `height`,
-`keypoints` flat x, y, score, `bbox` [x, y, w, h], `score`) and mark the keypoints whose score is
-below a threshold instead of dropping them (docs/annotations.md §4).
+`keypoints` flat x, y, score, `bbox` [x, y, w, h], `score`, and a calibrated model's `p` and
+`visibility`) and mark the keypoints below a threshold instead of dropping them (docs/annotations.md
+§4; by `p` where the records carry it, `MARK_BY`). The calibrated fields go out as each tool marks
+a point's state (Label Studio: the per-region occlusion choice, `meta.p`; CVAT: `occluded` /
+`outside`, the `p_permille` attribute) and come back from the readers (`DraftPerson.p`, the COCO
+file's `p`; docs/calibrated_outputs.md).
 
 A malformed export raises `AnnotationFormatError`: one line naming the file, the task or image
 and the field. That includes what a tool's UI cannot make but an edited or API-made export can hold:
@@ -31,12 +35,13 @@ from __future__ import annotations
 
 __all__ = ["AnnotationFormatError", "Draft", "DraftImage", "DraftPerson", "FORMATS", "read_export",
            "read_labelstudio", "read_cvat", "to_coco", "to_labelstudio_tasks", "to_cvat_xml",
-           "labelstudio_file_name", "labelstudio_image_url", "DEFAULT_MARK_BELOW", "CVAT_DECIMALS", "EDGE_TOLERANCE_PX",
+           "labelstudio_file_name", "labelstudio_image_url", "DEFAULT_MARK_BELOW", "MARK_BY", "CVAT_DECIMALS", "EDGE_TOLERANCE_PX",
            "MAX_IMAGE_SIDE", "OCCLUDED_WORD"]
 
 from .annotation_draft import (
     DEFAULT_MARK_BELOW,
     EDGE_TOLERANCE_PX,
+    MARK_BY,
     MAX_IMAGE_SIDE,
     AnnotationFormatError,
     Draft,

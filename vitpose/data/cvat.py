@@ -191,6 +191,9 @@ def _cvat_person(shape, item: DraftImage, draft: Draft, where: str, path: Path, 
         if element.get("outside", "0") not in ("0", "1") or element.get("occluded", "0") not in ("0", "1"):
             raise AnnotationFormatError(f"point {name!r}: outside / occluded must be 0 or 1", file=path,
                                         record=where, field="outside")
+        p = _cvat_p(element, lambda m, f, name=name: _point_fail(path, where, name, m, f))
+        if p is not None:
+            person.p[name] = p
         if element.get("outside", "0") == "1":
             person.keypoints[name] = (0.0, 0.0, 0)
             continue
@@ -218,6 +221,21 @@ def _cvat_person(shape, item: DraftImage, draft: Draft, where: str, path: Path, 
     item.people.append(person)
 
 
+def _point_fail(path, where, name, message, field_name):
+    raise AnnotationFormatError(f"point {name!r}: {message}", file=path, record=where, field=field_name)
+
+
+def _cvat_p(element, fail) -> float | None:
+    """The calibrated p of a point's `p_permille` attribute (`to_cvat_xml`), None without one."""
+    for attribute in element.findall("attribute"):
+        if attribute.get("name") == P_ATTRIBUTE:
+            text = (attribute.text or "").strip()
+            if not _WHOLE.fullmatch(text) or not 0 <= int(text) <= 1000:
+                fail(f"{P_ATTRIBUTE} must be a whole number from 0 to 1000, got {text[:20]!r}", P_ATTRIBUTE)
+            return int(text) / 1000
+    return None
+
+
 def _box_fail(path, where, message, field_name):
     raise AnnotationFormatError(f"the skeleton's box: {message}", file=path, record=where, field=field_name)
 
@@ -227,32 +245,71 @@ def _box_fail(path, where, message, field_name):
 
 
 def to_cvat_xml(records, keypoint_names, limbs=(), *, mark_below: float = DEFAULT_MARK_BELOW,
-                label: str = "person") -> str:
+                mark_by: str = "auto", label: str = "person") -> str:
     """CVAT for images 1.1 XML (docs/annotations.md §4.2): one <skeleton> per person; a keypoint
-    scored below `mark_below`, or predicted outside the image (then placed on its edge), is written
-    `occluded="1"` (CVAT's visible per-point flag) so the annotator checks it. Images are numbered
+    below `mark_below` (by `mark_by`, `MARK_BY`), or predicted outside the image (then placed on its
+    edge), is written `occluded="1"` (CVAT's visible per-point flag) so the annotator checks it. Images are numbered
     from 0 in lexical name order, as CVAT numbers a task's images (its upload matches by name, then
-    by this number); coordinates have CVAT's 2 decimals. `limbs`: 0-based keypoint index pairs."""
+    by this number); coordinates have CVAT's 2 decimals. `limbs`: 0-based keypoint index pairs.
+
+    Records with the calibrated fields (docs/calibrated_outputs.md) say the state themselves:
+    `occluded="1"` is visibility 1 and `outside="1"` visibility 0, as CVAT marks them; `p` is the
+    point's `p_permille` attribute (CVAT's number attributes hold whole numbers: p x 1000,
+    rounded), and a point to check (below the threshold, or moved onto the image) gets the
+    checkbox attribute `review`."""
     names = list(keypoint_names)
+    groups = sorted(shared.images_of(records))
+    calibrated = any(r.get("p") is not None or r.get("visibility") is not None for _, _, _, recs in groups for r in recs)
+    point_attributes = _CVAT_POINT_ATTRIBUTES if calibrated else ""
     out = ['<?xml version="1.0" encoding="utf-8"?>', "<annotations>", "  <version>1.1</version>",
            "  <meta>", "    <task>", "      <labels>", _cvat_skeleton_label(label, names, limbs)]
     for name in names:
-        out.append(f"        <label><name>{_xml_text(name)}</name><type>points</type><attributes></attributes>"
-                   f"<parent>{_xml_text(label)}</parent></label>")
+        out.append(f"        <label><name>{_xml_text(name)}</name><type>points</type><attributes>{point_attributes}"
+                   f"</attributes><parent>{_xml_text(label)}</parent></label>")
     out += ["      </labels>", "    </task>", "  </meta>"]
-    for image_id, (file_name, width, height, recs) in enumerate(sorted(shared.images_of(records))):
+    for image_id, (file_name, width, height, recs) in enumerate(groups):
         out.append(f'  <image id="{image_id}" name={quoteattr(file_name)} width="{width}" height="{height}">')
         for p, rec in enumerate(recs):
             out.append(f'    <skeleton label={quoteattr(label)} source="auto" z_order="0">')
-            for name, (x, y, s) in zip(names, shared.keypoints_of(rec, len(names), f"{file_name} person {p}")):
-                x, y, moved = shared.onto_image(x, y, width, height)
-                out.append(f'      <points label={quoteattr(name)} source="auto" outside="0" '
-                           f'occluded="{int(s < mark_below or bool(moved))}" '
-                           f'points="{x:.{CVAT_DECIMALS}f},{y:.{CVAT_DECIMALS}f}"></points>')
+            out += _cvat_points(rec, names, f"{file_name} person {p}", width, height, (mark_below, mark_by), calibrated)
             out.append("    </skeleton>")
         out.append("  </image>")
     out.append("</annotations>")
     return "\n".join(out) + "\n"
+
+
+P_ATTRIBUTE, REVIEW_ATTRIBUTE = "p_permille", "review"
+# The attributes of every point of a calibrated file: p in thousandths (CVAT's number attribute:
+# min, max and step, whole numbers, one a line) and the checkbox of the points to check.
+_CVAT_POINT_ATTRIBUTES = (
+    f"<attribute><name>{P_ATTRIBUTE}</name><mutable>False</mutable><input_type>number</input_type>"
+    "<default_value>0</default_value><values>0\n1000\n1</values></attribute>"
+    f"<attribute><name>{REVIEW_ATTRIBUTE}</name><mutable>True</mutable><input_type>checkbox</input_type>"
+    "<default_value>false</default_value><values>false</values></attribute>")
+
+
+def _cvat_points(rec: dict, names: list, where: str, width: int, height: int, marking, calibrated: bool) -> list[str]:
+    """One person's <points>: flagged `occluded` below the threshold (uncalibrated files), or with
+    the calibrated state, `p_permille` and `review` (calibrated files)."""
+    mark_below, mark_by = marking
+    keypoints = shared.keypoints_of(rec, len(names), where)
+    p, visibility = shared.calibrated_of(rec, len(names), where)
+    marks, _ = shared.mark_values([s for _, _, s in keypoints], p, mark_by, where)
+    out = []
+    for k, (name, (x, y, _)) in enumerate(zip(names, keypoints)):
+        x, y, moved = shared.onto_image(x, y, width, height)
+        check = marks[k] < mark_below or bool(moved)
+        state = (2 if visibility is None else visibility[k]) if calibrated else (1 if check else 2)
+        head = (f'      <points label={quoteattr(name)} source="auto" outside="{int(state == 0)}" '
+                f'occluded="{int(state == 1)}" points="{x:.{CVAT_DECIMALS}f},{y:.{CVAT_DECIMALS}f}">')
+        if not calibrated:
+            out.append(head + "</points>")
+            continue
+        attributes = [f'<attribute name="{REVIEW_ATTRIBUTE}">{"true" if check else "false"}</attribute>']
+        if p is not None and math.isfinite(p[k]):
+            attributes.insert(0, f'<attribute name="{P_ATTRIBUTE}">{round(1000 * min(max(p[k], 0.0), 1.0))}</attribute>')
+        out.append(head + "".join(attributes) + "</points>")
+    return out
 
 
 def _xml_text(text: str) -> str:

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import math
 from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import parse_qs, quote, unquote, urlparse
@@ -226,7 +227,7 @@ def _labelstudio_image(result: list, file_name: str, draft: Draft, fail) -> Draf
             fail(f"keypoint {labels[0]!r} {shared.outside_image(x, y, image)}", f"result[{r}].value")
         parent = _region_id(region, "parentID", fail, f"result[{r}].parentID")
         v = 1 if region_id is not None and region_id in occluded else 2
-        points.append((r, parent, labels[0], (x, y, v)))
+        points.append((r, parent, labels[0], (x, y, v), _region_p(region, fail, f"result[{r}].meta.p")))
     image.people = _labelstudio_group(boxes, points, fail)
     for person in image.people:
         for name in person.keypoints:
@@ -241,7 +242,7 @@ def _labelstudio_group(boxes: dict, points: list, fail) -> list[DraftPerson]:
     if not boxes:
         boxes = {None: DraftPerson(where="the task's keypoints (no rectangle)")}
     by_size = sorted(boxes.items(), key=lambda item: 0 if item[1].bbox is None else item[1].bbox[2] * item[1].bbox[3])
-    for r, parent, name, xyv in points:
+    for r, parent, name, xyv, p in points:
         if parent:
             if parent not in boxes:
                 fail(f"parentID {parent!r} names no rectangle of this task", f"result[{r}].parentID")
@@ -258,7 +259,20 @@ def _labelstudio_group(boxes: dict, points: list, fail) -> list[DraftPerson]:
                      f"{name!r}: draw the person's rectangle around it (or set parentID)", f"result[{r}]")
             person = candidates[0]
         person.keypoints[name] = xyv
+        if p is not None:
+            person.p[name] = p
     return list(boxes.values())
+
+
+def _region_p(region: dict, fail, what: str) -> float | None:
+    """The calibrated probability a pre-annotation put in the region's `meta.p` (None without one)."""
+    meta = region.get("meta")
+    if not isinstance(meta, dict) or meta.get("p") is None:
+        return None
+    p = shared.finite_number(meta["p"], fail, what)
+    if not 0 <= p <= 1:
+        fail(f"must be a probability in [0, 1], got {p}", what)
+    return p
 
 
 def _inside(xyv, bbox) -> bool:
@@ -270,40 +284,67 @@ def _inside(xyv, bbox) -> bool:
 # ---------------------------------------------------------------------------- pre-annotations out
 
 
-def to_labelstudio_tasks(records, keypoint_names, *, mark_below: float = DEFAULT_MARK_BELOW,
+def to_labelstudio_tasks(records, keypoint_names, *, mark_below: float = DEFAULT_MARK_BELOW, mark_by: str = "auto",
                          image_prefix: str = "/data/local-files/?d=", model_version: str = "vitpose",
                          keypoint_control: str = "keypoints", box_control: str = "person", image_object: str = "image",
-                         box_label: str = "person") -> list[dict]:
+                         box_label: str = "person", visibility_control: str | None = "visibility",
+                         occluded_choice: str = OCCLUDED_WORD) -> list[dict]:
     """Label Studio tasks with `predictions` (docs/annotations.md §4.1): per person a rectangle and
     its keypoints (`parentID` = the rectangle) in percent of the image, every result with its
-    `score`; keypoints scored below `mark_below`, or predicted outside the image (then placed on its
-    edge), carry a `meta.text` note instead of being dropped. The image URL is `image_prefix` + the
-    file name percent-encoded (`labelstudio_image_url`)."""
+    `score`; keypoints below `mark_below` (by `mark_by`: the calibrated `p` where the records carry
+    it, else the raw score; `MARK_BY`), or predicted outside the image (then placed on its edge),
+    carry a `meta.text` note instead of being dropped. The image URL is `image_prefix` + the file
+    name percent-encoded (`labelstudio_image_url`).
+
+    Records with the calibrated fields (docs/calibrated_outputs.md): each keypoint's `p` is its
+    region's `meta.p` (Label Studio keeps a region's meta through correction and export); an
+    occluded keypoint (visibility 1) gets the per-region choice `occluded_choice` of the
+    `visibility_control` `<Choices perRegion>` (§2.4, what the import reads back as v = 1; None: a
+    labelling config without one, no choice); an absent one (visibility 0) is not placed, as Label
+    Studio marks a point that is not there."""
     tasks = []
     for t, (file_name, width, height, recs) in enumerate(shared.images_of(records)):
+        common = {"to_name": image_object, "original_width": width, "original_height": height, "image_rotation": 0}
         result = []
         for p, rec in enumerate(recs):
             x, y, w, h = (float(v) for v in rec["bbox"])
-            common = {"to_name": image_object, "original_width": width, "original_height": height,
-                      "image_rotation": 0}
             box_id = f"t{t}p{p}"
             result.append({"id": box_id, "type": "rectanglelabels", "from_name": box_control, **common,
                            "score": float(rec.get("bbox_score", rec.get("score", 1.0))),
                            "value": {"x": 100 * x / width, "y": 100 * y / height, "width": 100 * w / width,
                                      "height": 100 * h / height, "rotation": 0, "rectanglelabels": [box_label]}})
-            for k, (kx, ky, s) in enumerate(shared.keypoints_of(rec, len(keypoint_names), f"{file_name} person {p}")):
-                kx, ky, moved = shared.onto_image(kx, ky, width, height)
-                point = {"id": f"{box_id}k{k}", "type": "keypointlabels", "from_name": keypoint_control, **common,
-                         "parentID": box_id, "score": s,
-                         "value": {"x": 100 * kx / width, "y": 100 * ky / height, "width": 0.5,
-                                   "keypointlabels": [keypoint_names[k]]}}
-                notes = ([f"low confidence: score {s:.2f} < {mark_below:g}"] if s < mark_below else []) + \
-                    ([moved] if moved else [])
-                if notes:
-                    point["meta"] = {"text": notes}
-                result.append(point)
+            result += _keypoint_results(rec, keypoint_names, f"{file_name} person {p}", box_id, common,
+                                        (mark_below, mark_by), (keypoint_control, visibility_control, occluded_choice))
         scores = [float(r.get("score", 0.0)) for r in recs]
         tasks.append({"data": {image_object: labelstudio_image_url(file_name, image_prefix)},
                       "predictions": [{"model_version": model_version, "score": sum(scores) / len(scores),
                                        "result": result}]})
     return tasks
+
+
+def _keypoint_results(rec: dict, keypoint_names, where: str, box_id: str, common: dict, marking, controls) -> list:
+    """One person's keypoint regions (and the per-region occlusion choices of a calibrated record)."""
+    mark_below, mark_by = marking
+    keypoint_control, visibility_control, occluded_choice = controls
+    width, height = common["original_width"], common["original_height"]
+    keypoints = shared.keypoints_of(rec, len(keypoint_names), where)
+    p, visibility = shared.calibrated_of(rec, len(keypoint_names), where)
+    marks, by = shared.mark_values([s for _, _, s in keypoints], p, mark_by, where)
+    out = []
+    for k, (kx, ky, s) in enumerate(keypoints):
+        if visibility is not None and visibility[k] == 0:
+            continue  # absent: Label Studio's way is no point at all
+        kx, ky, moved = shared.onto_image(kx, ky, width, height)
+        value = {"x": 100 * kx / width, "y": 100 * ky / height, "width": 0.5}
+        point = {"id": f"{box_id}k{k}", "type": "keypointlabels", "from_name": keypoint_control, **common,
+                 "parentID": box_id, "score": s, "value": {**value, "keypointlabels": [keypoint_names[k]]}}
+        notes = ([f"low confidence: {by} {marks[k]:.2f} < {mark_below:g}"] if marks[k] < mark_below else []) + \
+            ([moved] if moved else [])
+        meta = ({"p": p[k]} if p is not None and math.isfinite(p[k]) else {}) | ({"text": notes} if notes else {})
+        if meta:
+            point["meta"] = meta
+        out.append(point)
+        if visibility is not None and visibility[k] == 1 and visibility_control:
+            out.append({"id": point["id"], "type": "choices", "from_name": visibility_control, **common,
+                        "value": {**value, "choices": [occluded_choice]}})
+    return out

@@ -1,7 +1,9 @@
 """Predictions of a top-down model as the COCO evaluator takes them: checked, stacked, saved and loaded.
 
 A prediction is a dict `{"id", "image_id", "keypoints" (K, 2) image px, "keypoint_scores" (K,),
-"bbox_score", "area"}` and optionally `"bbox"` (x, y, w, h) px and `"category_id"` (default 1).
+"bbox_score", "area"}` and optionally `"bbox"` (x, y, w, h) px and `"category_id"` (default 1); a
+calibrated model's predictions also carry `"keypoint_p"` (K,) and `"keypoint_visibility"` (K,)
+(`vitpose.evaluation.rescoring`).
 `check_predictions` refuses the first one that does not fit (`PredictionError`, naming its position,
 id and field) and stacks them into columns (`PredictionArrays`); `save_predictions` /
 `load_predictions` are the raw prediction files `evaluate.py --out` writes.
@@ -177,10 +179,13 @@ def load_predictions(path) -> list[dict]:
     data = json.loads(Path(path).read_text())
     if not isinstance(data, list):
         raise PredictionError(f"{path}: expected a JSON list of predictions")
+    # a calibrated model's optional keypoint_p and keypoint_visibility come back as its runtimes give them
+    dtypes = {"keypoints": np.float64, "keypoint_scores": np.float32, "keypoint_p": np.float32,
+              "keypoint_visibility": np.int8}
     for pred in data:
-        for key in ("keypoints", "keypoint_scores"):
+        for key, dtype in dtypes.items():
             if isinstance(pred, dict) and key in pred:
-                pred[key] = np.asarray(pred[key], dtype=np.float32 if key == "keypoint_scores" else np.float64)
+                pred[key] = np.asarray(pred[key], dtype=dtype)
     return data
 
 

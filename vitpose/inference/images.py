@@ -117,7 +117,8 @@ class _ImageRun:
             with self.predictor.timer.stage("write"):
                 # the pre-annotation formats need the size; `vitpose serve` answers with the same records
                 size = item.image.shape[:2] if self.options.format != "coco" else None
-                records, nonfinite = image_records(poses, item.label, self.ids[item.label], size)
+                records, nonfinite = image_records(poses, item.label, self.ids[item.label], size,
+                                                   self.options.rescore)
         if self.options.out is not None:
             self.draw(item, poses)
         return records, nonfinite
@@ -194,7 +195,8 @@ def _annotation_writer(options: PredictOptions, predictor):
     from vitpose.inference.records import render_records
 
     skeleton = getattr(predictor, "skeleton", None) or dataset_info("coco")
-    return lambda records: render_records(records, options.format, skeleton, options.mark_below)
+    return lambda records: render_records(records, options.format, skeleton, options.mark_below,
+                                                  options.mark_by)
 
 
 def _box_lookup(table, key: str, ids: dict):

@@ -43,7 +43,7 @@ class PredictOptions:
 
     Outputs: `json` (results file, or a directory / `{shard}` pattern of a sharded run),
     `json_array` (one JSON list at the end), `resume`, `format` ("coco" | "labelstudio" | "cvat"),
-    `mark_below`, `out` (drawings, or a drawn video), `keypoint_threshold` (drawing). Video: `track`,
+    `mark_below` (`mark_by`: what it compares), `out` (drawings, or a drawn video), `keypoint_threshold` (drawing). Video: `track`,
     `smooth` (False; "live" or True: the One-Euro filter as frames come; "offline": each track smoothed
     whole, `vitpose.inference.smoothing`, with `smooth_gap` and `smooth_cutoff`), `det_every` /
     `det_lost_ratio` (the detector on every N-th frame), `batch_frames` (frames per call; default
@@ -66,6 +66,8 @@ class PredictOptions:
     resume: bool = False
     format: str = "coco"
     mark_below: float = 0.3
+    mark_by: str = "auto"  # what mark_below compares: p where the records carry it (annotation_draft.MARK_BY)
+    rescore: str = "none"  # "calibrated": instance scores from p (vitpose.evaluation.rescoring)
     keypoint_threshold: float = 0.3
     track: bool = False
     smooth: bool | str | None = False  # None/False off, "live" (True) the One-Euro filter, "offline" whole tracks

@@ -26,6 +26,7 @@ from pathlib import Path
 from vitpose.errors import EXIT_FAILED, EXIT_INTERRUPTED
 from vitpose.files import OutputWriteError
 from vitpose.inference.pipeline import coco_records, image_ids, video_boxes
+from vitpose.inference.records import rescored
 from vitpose.inference.runner import Item, PredictOptions, RunSummary, offline_smoothing, predict_units
 from vitpose.inference.smoothing import SmoothingWriter, smoothing_mode
 from vitpose.inference.units import (
@@ -212,7 +213,7 @@ def predict_segments(predictor, plan: ShardPlan, options: PredictOptions, stop: 
             tracker = trackers.setdefault(item.unit.id, Tracker())
             poses.track_ids = tracker.update(poses.boxes, poses.keypoints, poses.keypoint_scores, frame=poses.frame,
                                              follows=poses.follows)
-        return coco_records(poses)
+        return rescored(*coco_records(poses), options.rescore)
 
     summary = RunSummary("frames", skipped=len(plan.mine) - len(todo))
     try:

@@ -47,6 +47,7 @@ import numpy as np
 from vitpose.errors import UserError
 from vitpose.inference.draw import draw_people
 from vitpose.inference.pipeline import coco_records, video_boxes
+from vitpose.inference.records import rescored
 from vitpose.inference.results import Poses
 from vitpose.inference.runner import Failures, PredictOptions, offline_smoothing, predict_chunk
 from vitpose.inference.smoothing import SmoothingWriter, check_offline_smoothing, smoothing_mode
@@ -185,6 +186,7 @@ class _Writer:
         self.video_path = output_video_path(out, reader.source) if out else None
         self.fps = reader.fps
         self.keypoint_thr = float(options.keypoint_threshold)
+        self.rescore = options.rescore
         self.next_index = None  # the next source frame the video needs
         self.last_drawn = None
         if self.tracker is not None and self.report_ids and results is not None and results.done:
@@ -216,7 +218,7 @@ class _Writer:
             self._post_process(poses)
             if self.results is not None:
                 with self.timer.stage("write"):
-                    self._write(*coco_records(poses))
+                    self._write(*rescored(*coco_records(poses), self.rescore))
             self.summary.frames_done += 1
             self.summary.people += len(poses)
         if self.video_path is not None:

@@ -8,6 +8,11 @@ is scored); `ranked` orders the people by suspicion 1 - prod(1 - check), `review
 flagged people pre-annotations and `html_report` a page with their crops drawn. A high score is a
 reason to look, not proof: where the model is wrong, the label may be right.
 
+A model with a calibration (`vitpose calibrate`) gives each keypoint `p` (the probability that it
+is right) and a three-state `visibility`; the progress lines keep them, and `ranked` then judges
+with p in place of the raw score and checks the labels' visibility flags against the model's own
+states instead of learning P(hidden) from the file. Without them it is as it always was.
+
 The names of the parts (`read_labels`, `LabelledImage`, `Calibration`, `calibrate`, `audit_instance`,
 `suspicion`, ...) are importable from here too.
 """
@@ -51,7 +56,7 @@ from vitpose.labelling.checks import (  # noqa: F401 - the checks of one person,
 )
 from vitpose.labelling.labels import LabelledImage, read_labels
 
-__all__ = ["Calibration", "LabelledImage", "audit_instance", "audit_annotations", "calibrate", "ranked",
+__all__ = ["Calibration", "LabelledImage", "audit_instance", "audit_annotations", "calibrate", "calibrated_lines", "ranked",
            "read_labels", "suspicion"]
 
 
@@ -63,10 +68,16 @@ def predict_image(predictor, image_rgb: np.ndarray, labelled: LabelledImage) -> 
     views = predictor.flip_views(image_rgb, boxes=labelled.boxes, box_format="xywh")
     size = np.sqrt(np.maximum(labelled.boxes[:, 2] * labelled.boxes[:, 3], 1.0))[:, None]
     apart = np.hypot(*np.moveaxis(views.plain - views.mirrored, -1, 0)) / size
-    return {"predicted": np.round(views.poses.keypoints, 2).tolist(),
+    line = {"predicted": np.round(views.poses.keypoints, 2).tolist(),
             "scores": np.round(views.poses.keypoint_scores, 4).tolist(), "views_apart": np.round(apart, 4).tolist(),
             "plain_scores": np.round(views.plain_scores, 4).tolist(),
             "mirrored_scores": np.round(views.mirrored_scores, 4).tolist()}
+    p, visibility = getattr(views.poses, "keypoint_p", None), getattr(views.poses, "keypoint_visibility", None)
+    if p is not None:  # a calibrated model's fields; never invented for one without
+        line["p"] = np.round(np.asarray(p, np.float64), 4).tolist()
+    if visibility is not None:
+        line["visibility"] = np.asarray(visibility).astype(int).tolist()
+    return line
 
 
 def audit_annotations(predictor, labels: list[LabelledImage], images_dir: Path, progress: Path, *,
@@ -101,9 +112,13 @@ def audit_annotations(predictor, labels: list[LabelledImage], images_dir: Path, 
 
 def ranked(labels: list[LabelledImage], lines: dict, skeleton) -> list[dict]:
     """Every audited person (`audit_instance`, calibrated on the whole file), most suspicious
-    first (ties: the larger sum of checks, then file order): rows of annotation_id, image, suspicion, checks, reasons, keypoints."""
+    first (ties: the larger sum of checks, then file order): rows of annotation_id, image, suspicion, checks, reasons, keypoints.
+    Lines of a calibrated model (every one with `p` / `visibility`): p stands in for the raw score,
+    and the model's visibility states for the P(hidden) learnt from the file."""
+    lines = calibrated_lines(lines)
+    states = all("visibility" in line for line in lines.values())
     calibration = calibrate(labels, lines)
-    hidden = hidden_probabilities(labels, lines, calibration)
+    hidden = None if states else hidden_probabilities(labels, lines, calibration)
     facing = facing_probabilities(labels, skeleton)
     bones = bone_statistics(labels, skeleton)
     rows = []
@@ -113,11 +128,20 @@ def ranked(labels: list[LabelledImage], lines: dict, skeleton) -> list[dict]:
             checks, reasons, flagged = audit_instance(image.keypoints[m], image.boxes[m], line["predicted"][m],
                                                       line["scores"][m], line["views_apart"][m], skeleton,
                                                       calibration, None if hidden is None else hidden[image.file_name, m],
-                                                      None if facing is None else facing[image.file_name, m], bones)
+                                                      None if facing is None else facing[image.file_name, m], bones,
+                                                      visibility=line["visibility"][m] if states else None)
             rows.append({"annotation_id": annotation_id, "image": image.file_name,
                          "suspicion": round(suspicion(checks), 4), "checks": checks, "reasons": reasons,
                          "keypoints": flagged})
     return sorted(rows, key=lambda row: (-row["suspicion"], -sum(row["checks"].values())))
+
+
+def calibrated_lines(lines: dict) -> dict:
+    """The progress lines with a calibrated model's `p` as their `scores` when every line carries it
+    (the raw scores kept as `raw_scores`); the lines as they are otherwise."""
+    if not lines or not all("p" in line for line in lines.values()):
+        return lines
+    return {name: {**line, "scores": line["p"], "raw_scores": line["scores"]} for name, line in lines.items()}
 
 
 def review_records(flagged: list[dict], labels: list[LabelledImage], lines: dict, names) -> list[dict]:

@@ -186,9 +186,12 @@ def far_check(e: Evidence, exchanged: bool) -> Finding:
     return Finding(float(np.sort(far)[::-1][:FAR_WORST].mean()) if far.size else 0.0, tuple(reasons), tuple(flagged))
 
 
-def visibility_check(e: Evidence, p_hidden) -> Finding:
-    """visibility: the flags against what the model sees: P(hidden) learnt from the file (`flag_surprise`),
-    or without it (None) the fixed score rule."""
+def visibility_check(e: Evidence, p_hidden, states=None) -> Finding:
+    """visibility: the flags against what the model sees: a calibrated model's own states (`states`,
+    (K,) COCO's 0 absent, 1 occluded, 2 visible), else P(hidden) learnt from the file
+    (`flag_surprise`), or without it (None) the fixed score rule."""
+    if states is not None:
+        return _visibility_by_states(e, np.asarray(states))
     if p_hidden is None:
         return _visibility_by_scores(e)
     v, names, scores = e.v, e.names, e.scores
@@ -218,6 +221,22 @@ def _visibility_by_scores(e: Evidence) -> Finding:
             "labelled visible, the model barely finds it"
         flagged.append((names[k], "visibility", round(float(scores[k]), 3)))
         reasons.append(f"{names[k]}: {what} (score {scores[k]:.2f})")
+    return Finding(float(min(1.0, odd.sum() / max(e.labelled.sum(), 1))), tuple(reasons), tuple(flagged))
+
+
+def _visibility_by_states(e: Evidence, states: np.ndarray) -> Finding:
+    """The calibrated rule: a flag the model's visibility contradicts, labelled hidden (v=1) where the
+    model sees the point (2), or visible (v=2) where it calls the point occluded or absent."""
+    v, names, scores = e.v, e.names, e.scores
+    hidden_but_seen = (v == 1) & (states == 2)
+    visible_but_hidden = (v == 2) & (states < 2)
+    odd = hidden_but_seen | visible_but_hidden
+    reasons, flagged = [], []
+    for k in np.flatnonzero(odd):
+        what = "labelled not visible, the model sees it" if hidden_but_seen[k] else \
+            f"labelled visible, the model calls it {'occluded' if states[k] == 1 else 'absent'}"
+        flagged.append((names[k], "visibility", round(float(scores[k]), 3)))
+        reasons.append(f"{names[k]}: {what} (p {scores[k]:.2f})")
     return Finding(float(min(1.0, odd.sum() / max(e.labelled.sum(), 1))), tuple(reasons), tuple(flagged))
 
 
@@ -259,17 +278,19 @@ def box_check(e: Evidence) -> Finding:
 
 
 def audit_instance(label: np.ndarray, bbox, predicted, scores, views_apart, skeleton,
-                   calibration: Calibration, p_hidden=None, facing=None, bones=None) -> tuple[dict, list, list]:
+                   calibration: Calibration, p_hidden=None, facing=None, bones=None,
+                   visibility=None) -> tuple[dict, list, list]:
     """The checks of one label (K, 3) (x, y, v) with box [x, y, w, h] against the prediction (K, 2),
     its scores (K,) and views_apart (K,), and each keypoint's P(hidden) (K,) learnt from the file
     (`hidden_probabilities`; None: the fixed score rule), the label's facing (P as it is, P exchanged:
     `facing_probabilities`; None: no opinion) and the file's `bone_statistics` (None: no bones
-    check): (checks, reasons, keypoints that raised one)."""
+    check): (checks, reasons, keypoints that raised one). `visibility`: a calibrated model's (K,)
+    states, which the visibility check then reads instead of `p_hidden` (`scores` are then its p)."""
     e = evidence(label, bbox, predicted, scores, views_apart, skeleton, calibration)
     plausible = mirrored_probability(facing)
     swap, exchanged = swap_check(e, plausible)
     findings = {"swap": swap, "facing": facing_check(plausible), "far": far_check(e, exchanged),
-                "visibility": visibility_check(e, p_hidden),
+                "visibility": visibility_check(e, p_hidden, visibility),
                 "bones": None if bones is None else bones_check(e, skeleton.skeleton, bones), "box": box_check(e)}
     findings = {name: finding for name, finding in findings.items() if finding is not None}
     reasons = [reason for finding in findings.values() for reason in finding.reasons]

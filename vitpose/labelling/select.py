@@ -4,6 +4,8 @@ Signals (each in [0, 1], per person; a frame counts its most doubtful person):
 
 - **confidence**: 1 - the mean keypoint score of the flip-averaged prediction. A model that finds
   no clear heatmap peak has not learnt what the frame shows (occlusion, blur, an unusual pose).
+  A model with a calibration (`vitpose calibrate`) gives each keypoint `p`, the probability that it
+  is right: then the mean p is the confidence (a peak's height is not a probability; p is).
 - **flip**: 1 - OKS between the plain forward and the mirrored forward flipped back
   (`TopDown.flip_views`, the two halves of the flip test). A model sure of a pose gives the same
   pose both ways; where they part it is unsure of left and right or of the place itself. Free: the
@@ -35,8 +37,8 @@ from vitpose.inference.pipeline import IMAGE_SUFFIXES, coco_records, read_record
 from vitpose.inference.writers import ResultsFile
 from vitpose.labelling.similarity import oks
 
-__all__ = ["FrameScore", "choose_frames", "settle_jumps", "frame_feature", "iter_frames", "labelled_names", "score_frame",
-           "select_frames"]
+__all__ = ["FrameScore", "choose_frames", "settle_jumps", "frame_feature", "iter_frames", "keypoint_confidence",
+           "labelled_names", "score_frame", "select_frames"]
 
 THUMBNAIL = (8, 8)  # (w, h) of the appearance feature: coarse enough that a shifted copy is near
 CUT_CORRELATION = 0.8  # consecutive thumbnails correlated less than this: a cut, no jump is measured
@@ -75,7 +77,7 @@ def score_frame(views, sigmas, previous: np.ndarray | None = None, video: bool =
         return 0.0, {}, None
     boxes = poses.boxes
     area = np.maximum((boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1]), 1.0)
-    signals = {"confidence": 1.0 - np.clip(poses.keypoint_scores.astype(np.float64), 0, 1).mean(-1),
+    signals = {"confidence": 1.0 - np.clip(keypoint_confidence(poses), 0, 1).mean(-1),
                "flip": 1.0 - oks(views.plain, views.mirrored, area, sigmas)}
     if video:
         if previous is not None and len(previous):
@@ -86,6 +88,13 @@ def score_frame(views, sigmas, previous: np.ndarray | None = None, video: bool =
     per_person = np.mean([values for values in signals.values()], axis=0)
     hardest = int(np.argmax(per_person))
     return float(per_person[hardest]), {name: round(float(v[hardest]), 4) for name, v in signals.items()}, hardest
+
+
+def keypoint_confidence(poses) -> np.ndarray:
+    """(M, K) float64: a calibrated model's `keypoint_p` (the probability each keypoint is right),
+    else the raw keypoint scores (a model without a calibration, as before)."""
+    p = getattr(poses, "keypoint_p", None)
+    return np.asarray(poses.keypoint_scores if p is None else p, np.float64)
 
 
 def thumbnail(image: np.ndarray) -> np.ndarray:

@@ -74,7 +74,7 @@ from vitpose.data.image_io import decode_image
 from vitpose.errors import UserError
 from vitpose.files import ImageTooLargeError, check_pixel_limit
 from vitpose.inference.pipeline import caller_boxes, image_ids
-from vitpose.inference.records import FORMATS, image_records, labelstudio_tasks, render_records
+from vitpose.inference.records import FORMATS, image_records, labelstudio_tasks, parse_marking, render_records
 from vitpose.inference.runner import predict_chunk
 from vitpose.serve.batching import BatchRunner, Metrics
 from vitpose.serve.console import ErrorLog, error_line
@@ -96,6 +96,7 @@ class Settings:
     timeout: float = 60.0
     token: str | None = None
     mark_below: float = 0.3
+    mark_by: str = "auto"  # what mark_below compares: p where the model is calibrated (MARK_BY)
     max_in_flight: int = 64  # requests being answered at once (each holds a body and a decoded image)
     body_timeout: float = 10.0  # seconds a request body may go without a byte arriving
     max_pixels_in_flight: int | None = None  # None: twice the pixel limit (limits.default_pixel_budget)
@@ -301,21 +302,17 @@ async def predict(request: Request) -> Response:
     fmt = _option(fields, query, "format", "coco")
     if fmt not in FORMATS:
         raise RequestError(400, f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    mark_below = _option(fields, query, "mark_below", service.settings.mark_below)
-    try:
-        mark_below = float(mark_below)
-    except ValueError:
-        raise RequestError(400, f"mark_below must be a number, got {mark_below!r}") from None
+    mark_below, mark_by = parse_marking(_option(fields, query, "mark_below", service.settings.mark_below),
+                                        _option(fields, query, "mark_below_by", service.settings.mark_by))
     boxes = parse_boxes(_option(fields, query, "boxes"), _option(fields, query, "box_format", "xyxy"),
                         service.settings.max_boxes)
     name = _file_name(_option(fields, query, "file_name", upload_name))
     poses, (height, width) = await service.decoded_poses(body, name, boxes, request.receive)
     image_id = image_ids([name])[0][0]
     records, nonfinite = image_records(poses, name, image_id, (height, width) if fmt != "coco" else None)
-    if fmt == "labelstudio":
-        return Response(render_records(records, fmt, service.skeleton, mark_below), media_type="application/json")
-    if fmt == "cvat":
-        return Response(render_records(records, fmt, service.skeleton, mark_below), media_type="application/xml")
+    if fmt in ("labelstudio", "cvat"):
+        return Response(render_records(records, fmt, service.skeleton, mark_below, mark_by),
+                        media_type="application/json" if fmt == "labelstudio" else "application/xml")
     return JSONResponse({"records": records, "file_name": name, "image_id": image_id, "width": width,
                          "height": height, "nonfinite": nonfinite, "model": service.settings.model_name,
                          "seconds": round(time.perf_counter() - start, 6)})
@@ -342,7 +339,8 @@ async def model_info(request: Request) -> Response:
                      "link_colors": [list(c) for c in skeleton.link_colors]},
         "settings": {"max_batch": service.runner.max_batch, "max_wait_ms": 1000 * service.runner.max_wait,
                      "max_body_bytes": service.settings.max_body, "timeout_s": service.settings.timeout,
-                     "mark_below": service.settings.mark_below, "body_timeout_s": service.settings.body_timeout,
+                     "mark_below": service.settings.mark_below, "mark_below_by": service.settings.mark_by,
+                     "body_timeout_s": service.settings.body_timeout,
                      "max_boxes": service.settings.max_boxes, "max_pixels_in_flight": service.budget.limit,
                      **service.settings.details},
     })
@@ -408,7 +406,8 @@ async def ls_predict(request: Request) -> Response:
         except RequestError as e:
             raise RequestError(e.http_status, f"{where}: {e}") from None
         records, _ = image_records(poses, name, image_ids([name])[0][0], shape)
-        answer = labelstudio_tasks(records, service.skeleton, settings.mark_below, **names.writer_names())
+        answer = labelstudio_tasks(records, service.skeleton, settings.mark_below, settings.mark_by,
+                                   **names.writer_names())
         return answer[0]["predictions"][0] if answer else {"model_version": MODEL_VERSION, "score": 0.0, "result": []}
 
     results = []

@@ -72,10 +72,15 @@ class LabellingNames:
     box_label: str = "person"
     image_object: str = "image"
     data_key: str = "image"
+    # The per-region <Choices> whose choice containing "occluded" marks a point occluded, and that
+    # choice (a calibrated model's occluded points get it); None: the config has none to mark with.
+    visibility_control: str | None = "visibility"
+    occluded_choice: str = "occluded"
 
     def writer_names(self) -> dict:
         return {"keypoint_control": self.keypoint_control, "box_control": self.box_control,
-                "image_object": self.image_object, "box_label": self.box_label}
+                "image_object": self.image_object, "box_label": self.box_label,
+                "visibility_control": self.visibility_control, "occluded_choice": self.occluded_choice}
 
 
 def _tag(element) -> str:
@@ -114,9 +119,13 @@ def labelling_names(label_config, keypoint_names) -> LabellingNames:
                None)
     box_label = next((label.get("value") for label in box if _tag(label) == "label" and label.get("value")),
                      "person") if box is not None else "person"
+    occluded = next(((e.get("name"), c.get("value")) for e in elements
+                     if _tag(e) == "choices" and e.get("perRegion", "").lower() == "true" and e.get("name")
+                     for c in e if _tag(c) == "choice" and "occluded" in (c.get("value") or "").lower()), (None, ""))
     return LabellingNames(keypoint_control=points.get("name", "keypoints"),
                           box_control=box.get("name", "person") if box is not None else "person",
-                          image_object=image_name, box_label=box_label, data_key=data_key, keypoint_labels=labels)
+                          image_object=image_name, box_label=box_label, data_key=data_key, keypoint_labels=labels,
+                          visibility_control=occluded[0], occluded_choice=occluded[1] or "occluded")
 
 
 _JWT = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")

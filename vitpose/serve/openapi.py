@@ -19,10 +19,13 @@ _IMAGE_OPTIONS = [
     {"name": "format", "in": "query", "schema": {"type": "string", "enum": ["coco", "labelstudio", "cvat"]}},
     {"name": "file_name", "in": "query", "schema": {"type": "string"}},
     {"name": "mark_below", "in": "query", "schema": {"type": "number", "minimum": 0, "maximum": 1}},
+    {"name": "mark_below_by", "in": "query", "schema": {"type": "string", "enum": ["auto", "score", "p"]},
+     "description": "what mark_below compares: p where the model is calibrated (auto), or score, or p"},
 ]
 _FORM = {"type": "object", "required": ["image"], "properties": {
     "image": {"type": "string", "format": "binary"}, "boxes": {"type": "string"}, "box_format": {"type": "string"},
-    "format": {"type": "string"}, "file_name": {"type": "string"}, "mark_below": {"type": "string"}}}
+    "format": {"type": "string"}, "file_name": {"type": "string"}, "mark_below": {"type": "string"},
+    "mark_below_by": {"type": "string"}}}
 
 
 def _operation(summary: str, ok: dict, *, body: dict | None = None, parameters=(), open_: bool = False) -> dict:
