@@ -21,6 +21,7 @@ from vitpose.files import check_output
 from vitpose.inference import sharded
 from vitpose.inference.images import drawing_names, output_names, predict_images
 from vitpose.inference.pipeline import image_ids, read_boxes_file
+from vitpose.inference.pose_formats import POSE_FORMATS, check_format_output, output_kind
 from vitpose.inference.runner import PredictOptions
 from vitpose.run.sources import survey
 from vitpose.run.stop import stopped_by_signal
@@ -54,7 +55,10 @@ def check_outputs(options: PredictOptions, inputs: list[Path], video_source=None
         out = options.out.expanduser().resolve()
         if any(path.parent.resolve() == out for path in inputs):  # the drawings keep the images' names
             raise UsageError(f"--out {options.out} is a source directory: the drawings would overwrite the images")
-    if options.json is not None:
+    if options.json is not None and options.format in POSE_FORMATS:
+        check_output(options.json, "--json", output_kind(options.format), inputs + extra + outputs)
+        check_format_output(options.format, options.json, "--json", video=video_source is not None)
+    elif options.json is not None:
         check_output(options.json, "--json", "file", inputs + extra + outputs, streams=True)
         if options.resume and stream_kind(options.json.expanduser()) is not None:
             raise UsageError(f"--json {options.json} is a device or pipe; --resume continues a file")
@@ -86,8 +90,9 @@ def read_boxes(options: PredictOptions, names: list[str] | None):
 
 def _video_plan(options: PredictOptions, source, kind: str):
     """A video or webcam: checked before the model loads; its `--segment` plan (or None)."""
-    if options.format != "coco":
-        raise UsageError(f"--format {options.format} writes pre-annotations of images; a video takes --format coco")
+    if options.format not in ("coco", *POSE_FORMATS):
+        raise UsageError(f"--format {options.format} writes pre-annotations of images; a video takes --format coco, "
+                         f"{', '.join(POSE_FORMATS)}")
     if kind == "webcam" and options.json_array:
         raise UsageError("--json-array: a webcam runs until it is stopped; its --json is JSON Lines only")
     if kind == "video":

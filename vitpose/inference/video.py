@@ -38,12 +38,14 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from vitpose.errors import UserError
 from vitpose.inference.draw import draw_people
 from vitpose.inference.pipeline import coco_records, video_boxes
+from vitpose.inference.pose_formats import POSE_FORMATS, PoseFormatFile
 from vitpose.inference.results import Poses
 from vitpose.inference.runner import Failures, PredictOptions, predict_chunk
 from vitpose.inference.tracking import DetectionSchedule, KeypointSmoother, Tracker
@@ -340,9 +342,17 @@ def _detection_schedule(options: PredictOptions, boxes) -> DetectionSchedule | N
     return DetectionSchedule(int(every), lost_ratio=options.det_lost_ratio or 0.5)
 
 
-def _results_file(options: PredictOptions, webcam: bool):
+def _results_file(options: PredictOptions, webcam: bool, predictor=None, reader: FrameReader | None = None):
     if not options.json:
         return None
+    if options.format in POSE_FORMATS:  # OpenPose, DeepLabCut, AlphaPose, NWB: written at the end
+        from vitpose.data.metainfo import dataset_info
+
+        skeleton = getattr(predictor, "skeleton", None) or dataset_info("coco")
+        source = reader.source if reader is not None else "video"
+        stem = f"webcam{source}" if webcam else Path(str(source)).stem
+        return PoseFormatFile(options.json, options.format, skeleton, stem=stem, video=True, source=str(source),
+                              fps=reader.fps if reader is not None else None)
     if options.json_array and webcam:
         raise UserError("--json-array: a webcam runs until it is stopped; its results are JSON Lines only")
     return ResultsFile(options.json, "frame", array=options.json_array, resume=options.resume)
@@ -381,7 +391,7 @@ def run_video(predictor, source, options: PredictOptions, stop: threading.Event 
         reader.capture.release()
         raise UserError("no person boxes: this predictor has no detector; give --boxes FILE.json, or build it "
                         "with a detector (--detector default | full-frame | NAME)")
-    results = _results_file(options, webcam)
+    results = _results_file(options, webcam, predictor, reader)
     summary = _new_summary(reader, pipeline, results)
     predictor.timer.reset()
     progress = _progress_bar(options, reader, summary.resumed_from)
