@@ -88,6 +88,8 @@ def test_openpose_without_tracks_lists_each_frames_people_with_id_minus_one():
     for r in images:
         del r["frame"]
     assert list(openpose_files(pose_table(images), "x")) == ["b_keypoints.json"]
+    images[1]["file_name"] = "a/b.png"  # two images of one stem: their whole names
+    assert list(openpose_files(pose_table(images), "x")) == ["b_jpg_keypoints.json", "b_png_keypoints.json"]
 
 
 def test_alphapose_records_follow_alphaposes_schema(tracked_records):
@@ -251,7 +253,7 @@ def test_cli_predict_format_equals_convert_of_its_json(predictor, video, tmp_pat
     direct = tmp_path / "walk.csv"
     assert cli.main(["predict", str(video), "--config", str(REPO / "configs" / "demo.yaml"), "--model", str(checkpoint),
                      "--detector", "full-frame", "--track", "--format", "dlc", "--json", str(direct),
-                     "--device", "cpu"]) == 0
+                     "--device", "cpu", "--precision", "fp32"]) == 0
     run_video(with_detector(predictor, FullFrame()), str(video), options(tmp_path, json=str(tmp_path / "run.jsonl"),
                                                                           track=True))
     assert cli.main(["convert", str(tmp_path / "run.jsonl"), "--format", "dlc", "--out", str(tmp_path / "c.csv")]) == 0

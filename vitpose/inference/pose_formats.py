@@ -81,7 +81,7 @@ def openpose_files(table: PoseTable, stem: str) -> dict[str, dict]:
     the people of the frame in order, `person_id` [-1]."""
     tracked = any(t is not None for t in table.track_ids)
     files = {}
-    for row, label in enumerate(table.labels):
+    for row, (label, name) in enumerate(zip(table.labels, _openpose_names(table, stem))):
         people = []
         for column, track in enumerate(table.track_ids):
             if not tracked and not table.present[row, column]:
@@ -91,9 +91,18 @@ def openpose_files(table: PoseTable, stem: str) -> dict[str, dict]:
             xyc[missing] = 0.0  # OpenPose writes an undetected keypoint as 0, 0, 0
             people.append({"person_id": [track if tracked else -1], "pose_keypoints_2d": _finite_or(xyc, 0.0),
                            **{key: [] for key in _OPENPOSE_EMPTY}})
-        name = f"{stem}_{label:012d}_keypoints.json" if table.video else f"{Path(str(label)).stem}_keypoints.json"
         files[name] = {"version": OPENPOSE_VERSION, "people": people}
     return files
+
+
+def _openpose_names(table: PoseTable, stem: str) -> list[str]:
+    """OpenPose's file names: <stem>_<frame:012d>_keypoints.json, or <image stem>_keypoints.json (the
+    whole name, dots as underscores, for images whose stems are alike: a.jpg and a.png)."""
+    if table.video:
+        return [f"{stem}_{label:012d}_keypoints.json" for label in table.labels]
+    stems = [Path(str(label)).stem for label in table.labels]
+    return [f"{s if stems.count(s) == 1 else Path(str(label)).name.replace('.', '_')}_keypoints.json"
+            for s, label in zip(stems, table.labels)]
 
 
 def _write_openpose(table: PoseTable, path: Path, stem: str) -> None:
