@@ -259,3 +259,28 @@ def test_cli_predict_format_equals_convert_of_its_json(predictor, video, tmp_pat
     assert cli.main(["convert", str(tmp_path / "run.jsonl"), "--format", "dlc", "--out", str(tmp_path / "c.csv")]) == 0
     assert (tmp_path / "c.csv").read_text() == direct.read_text()
     assert direct.read_text().splitlines()[1].startswith("bodyparts,nose,nose,nose,left_eye")  # one person
+
+
+@pytest.mark.parametrize("fmt", ["openpose", "dlc", "alphapose"])
+def test_predict_on_images_writes_what_convert_writes(predictor, tmp_path, fmt):  # noqa: F811
+    import cv2
+    from test_video import synthetic_frame
+
+    from vitpose.inference.images import predict_images
+    from vitpose.inference.runner import PredictOptions
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    paths = [folder / f"walk{i}.png" for i in range(3)]
+    for i, path in enumerate(paths):
+        cv2.imwrite(str(path), synthetic_frame(2 * i))
+    two = with_detector(predictor, blob_detector)
+    out = {"openpose": "pose", "dlc": "images.csv", "alphapose": "images.json"}[fmt]
+    for name, fmt_of_run in (("run.jsonl", "coco"), (out, fmt)):
+        run = PredictOptions(json=tmp_path / "direct" / name, format=fmt_of_run, progress=False, quiet=True)
+        assert predict_images(two, paths, run) == 0
+    converted = tmp_path / "converted" / out
+    assert cli.main(["convert", str(tmp_path / "direct" / "run.jsonl"), "--format", fmt, "--out", str(converted)]) == 0
+    assert tree(converted) == tree(tmp_path / "direct" / out)
+    if fmt == "openpose":
+        assert sorted(tree(converted)) == [f"walk{i}_keypoints.json" for i in range(3)]
