@@ -185,6 +185,7 @@ def test_convert_refuses_bad_input_in_one_line_each(tmp_path, tracked_records, c
          "17 keypoints"),
         (["convert", str(tmp_path / "none.jsonl"), "--format", "alphapose", "--out", str(tmp_path / "a.json")],
          "no such file"),
+        (["convert", str(run), "--format", "openpose", "--out", str(tmp_path)], "holds other files (bad.jsonl)"),
     ]
     for argv, message in cases:
         assert cli.main(argv) == 2, argv
@@ -198,7 +199,10 @@ def test_predict_refuses_formats_it_cannot_write(tmp_path, capsys):
     image.write_bytes((REPO / "tests" / "fixtures" / "README.md").read_bytes())
     cases = [(["--format", "nwb", "--json", str(tmp_path / "x.nwb")], "time series of a video"),
              (["--format", "openpose"], "give --json"),
-             (["--format", "dlc", "--json", str(tmp_path / "x.csv"), "--shard", "0/2"], "vitpose convert")]
+             (["--format", "dlc", "--json", str(tmp_path / "x.csv"), "--shard", "0/2"], "vitpose convert"),
+             (["--format", "openpose", "--json", str(tmp_path)], "holds other files"),
+             (["--format", "openpose", "--json", str(tmp_path / "p"), "--out", str(tmp_path / "p" / "d")],
+              "write them apart")]
     for extra, message in cases:
         assert cli.main(["predict", str(tmp_path), "--detector", "full-frame", *extra]) == 2
         err = capsys.readouterr().err.strip().splitlines()
@@ -233,6 +237,8 @@ def test_convert_writes_what_predict_format_writes(video_run, video, fmt, out): 
     assert cli.main(argv + (["--stem", "walk"] if fmt == "openpose" else [])) == 0
     assert tree(converted) == tree(direct)
     if fmt == "openpose":
+        assert cli.main(argv + ["--stem", "walk"]) == 0  # an earlier OpenPose folder is replaced
+        assert tree(converted) == tree(direct)
         assert sorted(p.name for p in direct.iterdir())[0] == "walk_000000000000_keypoints.json"
         records = read_run(tmp / "run.jsonl")
         assert len({r["track_id"] for r in records}) == 2
@@ -284,3 +290,24 @@ def test_predict_on_images_writes_what_convert_writes(predictor, tmp_path, fmt):
     assert tree(converted) == tree(tmp_path / "direct" / out)
     if fmt == "openpose":
         assert sorted(tree(converted)) == [f"walk{i}_keypoints.json" for i in range(3)]
+
+
+def test_a_stopped_run_writes_the_frames_done_and_keeps_an_earlier_output(predictor, video, tmp_path):  # noqa: F811
+    calls = []
+
+    def stopped_on_the_second_batch(images, channels="rgb"):
+        calls.append(len(images))
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return blob_detector(images)
+
+    path = tmp_path / "walk.json"
+    args = options(tmp_path, json=str(path), format="alphapose", pipeline="sequential", batch_frames=4, track=True)
+    summary = run_video(with_detector(predictor, stopped_on_the_second_batch), str(video), args)
+    assert summary.interrupted and summary.frames_done == 4
+    assert {item["image_id"] for item in json.loads(path.read_text())} == {f"{f}.jpg" for f in range(4)}
+    assert "walk.json is written whole: run again to finish it" in summary.format()
+    calls.clear()
+    earlier = path.read_text()
+    run_video(with_detector(predictor, stopped_on_the_second_batch), str(video), args)
+    assert path.read_text() == earlier  # a stopped run never replaces an earlier output

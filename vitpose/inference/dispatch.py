@@ -33,7 +33,6 @@ def check_outputs(options: PredictOptions, inputs: list[Path], video_source=None
     """--out, --json and their combinations (see the module docstring), before any work
     (`vitpose.files.check_output`: folder vs file, a path under a file, writable, not an input;
     --json may be a device or pipe such as /dev/stdout, a drawn video may not)."""
-    from vitpose.files import stream_kind
 
     if options.resume and options.json is None:
         raise UsageError("--resume continues the --json file: give --json")
@@ -55,20 +54,34 @@ def check_outputs(options: PredictOptions, inputs: list[Path], video_source=None
         out = options.out.expanduser().resolve()
         if any(path.parent.resolve() == out for path in inputs):  # the drawings keep the images' names
             raise UsageError(f"--out {options.out} is a source directory: the drawings would overwrite the images")
-    if options.json is not None and options.format in POSE_FORMATS:
-        check_output(options.json, "--json", output_kind(options.format), inputs + extra + outputs)
+    if options.json is not None:
+        _check_json(options, inputs + extra + outputs, inputs, video_source)
+
+
+def _check_json(options: PredictOptions, others: list[Path], inputs: list[Path], video_source) -> None:
+    """--json: a file (or a device or pipe) for COCO results and pre-annotations, a folder or file of
+    `--format openpose|dlc|alphapose|nwb`; never an input, a drawing, or a folder that holds --out."""
+    from vitpose.files import stream_kind
+
+    if options.format in POSE_FORMATS:
+        check_output(options.json, "--json", output_kind(options.format), others)
         check_format_output(options.format, options.json, "--json", video=video_source is not None)
-    elif options.json is not None:
-        check_output(options.json, "--json", "file", inputs + extra + outputs, streams=True)
+    else:
+        check_output(options.json, "--json", "file", others, streams=True)
         if options.resume and stream_kind(options.json.expanduser()) is not None:
             raise UsageError(f"--json {options.json} is a device or pipe; --resume continues a file")
-        if options.out is not None and video_source is None:
-            json_path = os.path.abspath(options.json.expanduser())
-            drawings = {os.path.abspath(options.out.expanduser() / name): name
-                        for name in drawing_names(output_names(inputs))}
-            if json_path in drawings:
-                raise UsageError(f"--json {options.json} is the name of the drawing of {drawings[json_path]} in --out "
-                                 f"{options.out}: choose another name")
+    if options.out is None:
+        return
+    json_path = os.path.abspath(options.json.expanduser())
+    out = os.path.abspath(options.out.expanduser())
+    if output_kind(options.format) == "dir" and (out == json_path or out.startswith(json_path + os.sep)):
+        raise UsageError(f"--json {options.json} is the folder of OpenPose's files, replaced whole, and --out "
+                         f"{options.out} is in it: write them apart")
+    if video_source is None:
+        drawings = {os.path.join(out, name): name for name in drawing_names(output_names(inputs))}
+        if json_path in drawings:
+            raise UsageError(f"--json {options.json} is the name of the drawing of {drawings[json_path]} in --out "
+                             f"{options.out}: choose another name")
 
 
 def read_boxes(options: PredictOptions, names: list[str] | None):

@@ -248,4 +248,5 @@ def print_summary(state: _ImageRun, where) -> int:
     # with --json /dev/stdout the results own stdout: the summary goes to stderr
     out = sys.stderr if state.results is not None and state.results.stream == STDOUT else sys.stdout
     written = [p for p in (state.options.out, where) if p is not None]
-    return state.summary.report(where, json=state.options.json, written=written, out=out, lines=lines)
+    return state.summary.report(where, json=state.options.json, written=written, out=out, lines=lines,
+                                resumable=state.options.format == "coco")

@@ -61,9 +61,23 @@ def check_format_output(fmt: str, path, flag: str, video: bool) -> None:
     if fmt == "nwb" and not video:
         raise PoseFormatError(f"--format nwb holds the time series of a video; for images use "
                               f"{' | '.join(IMAGE_FORMATS)}")
+    if fmt == "openpose":
+        _check_openpose_folder(Path(path).expanduser(), flag)
     suffix = Path(path).suffix.lower()
     if fmt == "dlc" and suffix not in DLC_SUFFIXES:
         raise PoseFormatError(f"{flag} {path}: --format dlc writes DeepLabCut's .csv or .h5; name the file so")
+
+
+def _check_openpose_folder(path: Path, flag: str) -> None:
+    """OpenPose's folder is replaced whole: an existing one may hold nothing but OpenPose's files
+    (an earlier run's), never a user's other files, the run's inputs or the working folder."""
+    if not path.is_dir():
+        return
+    other = min((entry.name for entry in os.scandir(path)
+                 if not (entry.name.endswith("_keypoints.json") and entry.is_file(follow_symlinks=False))), default=None)
+    if other is not None:
+        raise PoseFormatError(f"{flag} {path}: OpenPose's folder is replaced whole, and this one holds other files "
+                              f"({other}); name a new folder (or an earlier OpenPose one)")
 
 
 def _finite_or(values: np.ndarray, fill: float) -> list[float]:

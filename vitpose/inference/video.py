@@ -96,6 +96,7 @@ class VideoSummary:
     interrupted: bool = False
     notes: list[str] = field(default_factory=list)
     video_error: str | None = None  # the drawn video could not be written (VideoWriteError)
+    whole: bool = False  # the results are a file written whole (--format other than coco): no --resume
 
     @property
     def exit_status(self) -> int:
@@ -134,7 +135,9 @@ class VideoSummary:
         if self.interrupted:
             partial = bool(self.json_path) and self.json_path.endswith(".partial")
             lines.append(f"  interrupted: stopped by the user after {self.frames_done} frames"
-                         + ("; the results so far are in " + self.json_path + " (the earlier file is unchanged; "
+                         + (f"; {self.json_path} is written whole: run again to finish it" if self.whole and
+                            self.json_path else
+                            "; the results so far are in " + self.json_path + " (the earlier file is unchanged; "
                             "run again with --resume to finish them)"
                             if partial else "; run again with --resume to finish the JSON" if self.json_path else ""))
         lines += [f"  {note}" for note in self.notes]
@@ -393,6 +396,7 @@ def run_video(predictor, source, options: PredictOptions, stop: threading.Event 
                         "with a detector (--detector default | full-frame | NAME)")
     results = _results_file(options, webcam, predictor, reader)
     summary = _new_summary(reader, pipeline, results)
+    summary.whole = options.format != "coco"
     predictor.timer.reset()
     progress = _progress_bar(options, reader, summary.resumed_from)
     writer = _Writer(options, predictor, reader, summary, results, progress)
