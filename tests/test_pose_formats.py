@@ -311,3 +311,14 @@ def test_a_stopped_run_writes_the_frames_done_and_keeps_an_earlier_output(predic
     earlier = path.read_text()
     run_video(with_detector(predictor, stopped_on_the_second_batch), str(video), args)
     assert path.read_text() == earlier  # a stopped run never replaces an earlier output
+
+
+@pytest.mark.parametrize("flags", [["--config", "demo_k5"], ["--skeleton", str(REPO / "configs" / "demo_k5_skeleton.yaml")]])
+def test_convert_names_the_keypoints_of_the_skeleton_given(tmp_path, flags, capsys, monkeypatch):
+    monkeypatch.chdir(REPO)  # demo_k5's skeleton path is relative to the repository
+    names = dataset_info(REPO / "configs" / "demo_k5_skeleton.yaml").keypoint_names
+    run = write_run(tmp_path / "k5.jsonl", [{"frame": 0, "keypoints": [1.0, 2.0, 0.5] * 5, "score": 0.5}])
+    assert cli.main(["convert", str(run), "--format", "dlc", "--out", str(tmp_path / "k5.csv"), *flags]) == 0
+    assert (tmp_path / "k5.csv").read_text().splitlines()[1].split(",")[1::3] == list(names)
+    assert cli.main(["convert", str(run), "--format", "dlc", "--out", str(tmp_path / "x.csv")]) == 2
+    assert "5 keypoints; name their skeleton with --skeleton" in capsys.readouterr().err
