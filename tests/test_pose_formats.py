@@ -322,3 +322,21 @@ def test_convert_names_the_keypoints_of_the_skeleton_given(tmp_path, flags, caps
     assert (tmp_path / "k5.csv").read_text().splitlines()[1].split(",")[1::3] == list(names)
     assert cli.main(["convert", str(run), "--format", "dlc", "--out", str(tmp_path / "x.csv")]) == 2
     assert "5 keypoints; name their skeleton with --skeleton" in capsys.readouterr().err
+
+
+def test_a_missing_extra_is_one_line_naming_it(tmp_path, tracked_records, capsys):
+    import importlib.util
+
+    run = write_run(tmp_path / "run.jsonl", tracked_records)
+    for fmt, out, modules, extra in (("dlc", "a.h5", ("pandas", "tables"), "dlc"),
+                                     ("nwb", "a.nwb", ("pynwb", "ndx_pose"), "nwb")):
+        if all(importlib.util.find_spec(m) for m in modules):
+            continue  # installed here: the slow tier reads what it writes
+        argv = ["convert", str(run), "--format", fmt, "--out", str(tmp_path / out)] + (["--fps", "25"] if fmt == "nwb"
+                                                                                    else [])
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f'pip install "vitpose[{extra}]"' in err[0]
+        assert not (tmp_path / out).exists()
+        video_argv = ["predict", "0", "--format", fmt, "--json", str(tmp_path / out)]  # before the camera opens
+        assert cli.main(video_argv) == 2 and f'pip install "vitpose[{extra}]"' in capsys.readouterr().err

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vitpose.errors import UserError, missing_extra
+from vitpose.errors import UserError, missing_extra, require_extra
 from vitpose.files import atomic_path, replace_dir, write_atomic
 from vitpose.files.paths import TEMP_SUFFIX
 from vitpose.inference.pose_table import PoseTable, pose_table
@@ -66,6 +66,11 @@ def check_format_output(fmt: str, path, flag: str, video: bool) -> None:
     suffix = Path(path).suffix.lower()
     if fmt == "dlc" and suffix not in DLC_SUFFIXES:
         raise PoseFormatError(f"{flag} {path}: --format dlc writes DeepLabCut's .csv or .h5; name the file so")
+    # the optional packages before the work, not after an hour of video
+    if fmt == "dlc" and suffix == ".h5":
+        require_extra("--format dlc with a .h5 file", ("pandas", "tables"), "dlc")
+    if fmt == "nwb":
+        require_extra("--format nwb", ("pynwb", "ndx_pose"), "nwb")
 
 
 def _check_openpose_folder(path: Path, flag: str) -> None:
