@@ -105,26 +105,42 @@ def multipart(fields: dict) -> tuple[bytes, dict]:
     return body, {"Content-Type": f"multipart/form-data; boundary={boundary}"}
 
 
+def venv_of_its_own(name: str, requirements: list[str], ready: Path | None = None, no_deps: list[str] = (),
+                    hint: str = "") -> Path:
+    """A virtual environment of its own under ~/.cache/vitpose-tests/NAME for a third-party tool or
+    reader a slow test drives (never installed into the project's environment), with `requirements`
+    pip-installed once (then `no_deps` with --no-deps: a package whose own requirements are far more
+    than the part a test reads). `ready`: the file that says it is installed (default a marker
+    written after pip succeeds). Skipped with the reason where pip cannot reach the package index."""
+    import pytest
+
+    venv = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vitpose-tests" / name
+    marker = venv / ".vitpose-tests-installed"
+    if not (ready or marker).exists():
+        pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
+        try:
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
+            subprocess.run([*pip, *requirements], check=True, capture_output=True, timeout=1800)
+            if no_deps:
+                subprocess.run([*pip, "--no-deps", *no_deps], check=True, capture_output=True, timeout=600)
+        except (OSError, subprocess.SubprocessError) as e:
+            pytest.skip(f"{name} could not be installed into {venv} ({type(e).__name__}); install it there "
+                        f"(pip install {' '.join([*requirements, *no_deps])}){hint}")
+        marker.touch()
+    return venv
+
+
 def tool_in_its_own_venv(variable: str, command: str, requirements: list[str]) -> str:
     """The command of a third-party tool a slow test drives (Label Studio, schemathesis), never installed
     into the project's environment: `$variable` when set, else the command on PATH, else installed
-    once with pip into its own virtual environment under ~/.cache/vitpose-tests/ (the slow tier only;
-    skipped with the reason where pip cannot reach the package index)."""
+    once with pip into its own virtual environment under ~/.cache/vitpose-tests/ (`venv_of_its_own`;
+    the slow tier only; skipped with the reason where pip cannot reach the package index)."""
     import shutil
-
-    import pytest
 
     given = os.environ.get(variable) or shutil.which(command)
     if given:
         return given
     venv = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vitpose-tests" / command
-    installed = venv / "bin" / command
-    if not installed.exists():
-        try:
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
-            subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", *requirements], check=True,
-                           capture_output=True, timeout=1800)
-        except (OSError, subprocess.SubprocessError) as e:
-            pytest.skip(f"{command} could not be installed into {venv} ({type(e).__name__}); install it there "
-                        f"(pip install {' '.join(requirements)}) or set {variable}=/path/to/{command}")
-    return str(installed)
+    venv_of_its_own(command, requirements, ready=venv / "bin" / command,
+                    hint=f" or set {variable}=/path/to/{command}")
+    return str(venv / "bin" / command)

@@ -17,15 +17,19 @@ from pathlib import Path
 import torch
 
 from vitpose.codecs.choice import CONFIG_NAMES
-from vitpose.config import Config, ConfigError, DataConfig, ModelConfig, load_config, shipped_config_dir
+from vitpose.config import Config, ConfigError, DataConfig, ModelConfig, load_config
 from vitpose.data.coco import CocoKeypoints
 from vitpose.data.errors import DataError
-from vitpose.data.metainfo import BUILTIN_NAMES, DatasetInfo, dataset_info
+from vitpose.data.metainfo import (  # noqa: F401 - dataset_info_path and SKELETON_SUFFIXES: public here too
+    BUILTIN_NAMES,
+    SKELETON_SUFFIXES,
+    DatasetInfo,
+    dataset_info,
+    dataset_info_path,
+)
 from vitpose.models import build_model
 from vitpose.models.loading import SKELETON_BY_KEYPOINTS, ModelFile, open_model
 from vitpose.models.spec import SKELETON_FIELDS, ModelSpec, SpecError, spec_of_model
-
-SKELETON_SUFFIXES = (".yaml", ".yml", ".json")  # the files data.dataset_info may name
 
 
 def build_model_from_config(model_cfg: ModelConfig, skeleton: DatasetInfo | None = None):
@@ -67,21 +71,6 @@ def photometric_transforms(data_cfg: DataConfig):
     import albumentations as A
 
     return [A.RandomBrightnessContrast(p=0.5), A.HueSaturationValue(p=0.3)]
-
-
-def dataset_info_path(cfg: Config, root: str | Path | None = None) -> str | Path:
-    """`data.dataset_info` as `vitpose.data.dataset_info` takes it: a built-in name as it is; a
-    relative path under `data.root` when the file is there (like the annotation paths), else as
-    given (relative to the working directory, e.g. a skeleton YAML next to the config); a shipped
-    skeleton (`configs/NAME.yaml`) is found in an installed package too."""
-    value = cfg.data.dataset_info
-    if value in BUILTIN_NAMES or Path(value).is_absolute() or Path(value).suffix.lower() not in SKELETON_SUFFIXES:
-        return value  # a name (an unknown one fails in dataset_info, listing the built-ins)
-    under_root = Path(cfg.data.root if root is None else root) / value
-    if under_root.is_file() or Path(value).is_file():
-        return under_root if under_root.is_file() else Path(value)
-    shipped = shipped_config_dir() / Path(value).name  # configs/demo_k5_skeleton.yaml after `pip install`
-    return shipped if Path(value).parent.name == "configs" and shipped.is_file() else under_root
 
 
 def build_dataset_info(cfg: Config, root: str | Path | None = None) -> DatasetInfo:

@@ -46,6 +46,7 @@ from vitpose.cli.options import add_mark_by_argument, add_model_arguments, check
 from vitpose.errors import UsageError
 from vitpose.inference.dispatch import check_outputs, read_boxes  # noqa: F401 - public here too
 from vitpose.inference.images import drawing_names, output_names, predict_images  # noqa: F401 - public here too
+from vitpose.inference.pose_formats import POSE_FORMATS
 from vitpose.inference.runner import PredictOptions
 from vitpose.run.sources import list_images  # noqa: F401 - public here too
 
@@ -80,9 +81,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--json-array", action="store_true",
                    help="--json as one JSON list written at the end (images and video files, not webcams)")
     p.add_argument("--resume", action="store_true", help="continue --json: skip the images or frames it holds")
-    p.add_argument("--format", choices=("coco", "labelstudio", "cvat"), default="coco",
-                   help="--json layout: COCO results, or pre-annotations to correct in Label Studio (tasks with "
-                        "predictions) or CVAT (CVAT for images 1.1 XML); see docs/annotations.md (default: %(default)s)")
+    p.add_argument("--format", choices=("coco", "labelstudio", "cvat", *POSE_FORMATS), default="coco",
+                   help="--json layout: COCO results; pre-annotations of images to correct in Label Studio (tasks "
+                        "with predictions) or CVAT (CVAT for images 1.1 XML), see docs/annotations.md; or what 3D "
+                        "tools read: openpose (--json names a folder of per-frame *_keypoints.json, Pose2Sim), dlc "
+                        "(DeepLabCut's .csv or .h5, anipose), alphapose (.json, MotionBERT), nwb (a video's .nwb with "
+                        "ndx-pose), see docs/formats3d.md (default: %(default)s)")
     p.add_argument("--mark-below", type=float, default=0.3,
                    help="labelstudio/cvat: keypoints scored below this are marked for checking, not dropped "
                         "(default: %(default)s)")
@@ -181,9 +185,17 @@ def _check_flags(args) -> None:
     if args.smooth_cutoff is not None and not args.smooth_cutoff > 0:
         raise UsageError(f"--smooth-cutoff must be > 0 Hz, got {args.smooth_cutoff}")
     if args.format != "coco" and args.json is None:
-        raise UsageError(f"--format {args.format} writes pre-annotations to --json FILE; give --json")
+        raise UsageError(f"--format {args.format} writes to --json (a {'folder' if args.format == 'openpose' else 'file'}"
+                         f"); give --json")
     if args.format != "coco" and args.resume:
         raise UsageError(f"--resume continues COCO JSON Lines; --format {args.format} writes one whole file")
+    if args.format in POSE_FORMATS:
+        sharded = [flag for flag, given in (("--shard", args.shard), ("--segment", args.segment),
+                                            ("--nproc-per-node", args.nproc_per_node),
+                                            ("--engine ray", args.engine == "ray")) if given]
+        if sharded:
+            raise UsageError(f"--format {args.format} with {sharded[0]}: shards write JSON Lines; join them with vitpose "
+                             f"merge, then write {args.format} with vitpose convert")
     if args.boxes is not None and args.detector not in (None, "none"):
         raise UsageError("--boxes gives the person boxes: leave out --detector (or say --detector none)")
     if args.rescore != "none" and args.engine == "ray":

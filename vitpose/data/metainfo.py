@@ -83,7 +83,7 @@ from .keypoint_sides import (  # noqa: F401 - left and right from the names, imp
 )
 
 __all__ = ["ANNOTATION_FORMATS", "BUILTIN_NAMES", "DEFAULT_SIGMA", "FULL_FRAME", "METRICS", "PCK_NORMALIZERS",
-           "DatasetInfo", "dataset_info", "infer_flip_indices"]
+           "SKELETON_SUFFIXES", "DatasetInfo", "dataset_info", "dataset_info_path", "infer_flip_indices"]
 
 # The built-ins are the files of the package's skeletons/ folder: adding one is adding a file.
 BUILTIN_NAMES = tuple(sorted(entry.name[:-len(".yaml")] for entry in resources.files("vitpose.data")
@@ -551,3 +551,23 @@ def _from_coco_annotations(path: Path) -> DatasetInfo:
                        detector_classes=classes, source=str(path),
                        defaulted=("flip_pairs (from the names)", "sigmas", "joint_weights", "upper_body",
                                   "lower_body"))
+
+
+SKELETON_SUFFIXES = (".yaml", ".yml", ".json")  # the files data.dataset_info may name
+
+
+def dataset_info_path(cfg, root: str | Path | None = None) -> str | Path:
+    """`data.dataset_info` as `vitpose.data.dataset_info` takes it: a built-in name as it is; a
+    relative path under `data.root` when the file is there (like the annotation paths), else as
+    given (relative to the working directory, e.g. a skeleton YAML next to the config); a shipped
+    skeleton (`configs/NAME.yaml`) is found in an installed package too."""
+    from vitpose.config import shipped_config_dir
+
+    value = cfg.data.dataset_info
+    if value in BUILTIN_NAMES or Path(value).is_absolute() or Path(value).suffix.lower() not in SKELETON_SUFFIXES:
+        return value  # a name (an unknown one fails in dataset_info, listing the built-ins)
+    under_root = Path(cfg.data.root if root is None else root) / value
+    if under_root.is_file() or Path(value).is_file():
+        return under_root if under_root.is_file() else Path(value)
+    shipped = shipped_config_dir() / Path(value).name  # configs/demo_k5_skeleton.yaml after `pip install`
+    return shipped if Path(value).parent.name == "configs" and shipped.is_file() else under_root

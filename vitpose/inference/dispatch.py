@@ -21,6 +21,7 @@ from vitpose.files import check_output
 from vitpose.inference import sharded
 from vitpose.inference.images import drawing_names, output_names, predict_images
 from vitpose.inference.pipeline import image_ids, read_boxes_file
+from vitpose.inference.pose_formats import POSE_FORMATS, check_format_output, output_kind
 from vitpose.inference.runner import PredictOptions
 from vitpose.inference.smoothing import check_offline_smoothing
 from vitpose.run.sources import survey
@@ -33,7 +34,6 @@ def check_outputs(options: PredictOptions, inputs: list[Path], video_source=None
     """--out, --json and their combinations (see the module docstring), before any work
     (`vitpose.files.check_output`: folder vs file, a path under a file, writable, not an input;
     --json may be a device or pipe such as /dev/stdout, a drawn video may not)."""
-    from vitpose.files import stream_kind
 
     if options.resume and options.json is None:
         raise UsageError("--resume continues the --json file: give --json")
@@ -56,16 +56,33 @@ def check_outputs(options: PredictOptions, inputs: list[Path], video_source=None
         if any(path.parent.resolve() == out for path in inputs):  # the drawings keep the images' names
             raise UsageError(f"--out {options.out} is a source directory: the drawings would overwrite the images")
     if options.json is not None:
-        check_output(options.json, "--json", "file", inputs + extra + outputs, streams=True)
+        _check_json(options, inputs + extra + outputs, inputs, video_source)
+
+
+def _check_json(options: PredictOptions, others: list[Path], inputs: list[Path], video_source) -> None:
+    """--json: a file (or a device or pipe) for COCO results and pre-annotations, a folder or file of
+    `--format openpose|dlc|alphapose|nwb`; never an input, a drawing, or a folder that holds --out."""
+    from vitpose.files import stream_kind
+
+    if options.format in POSE_FORMATS:
+        check_output(options.json, "--json", output_kind(options.format), others)
+        check_format_output(options.format, options.json, "--json", video=video_source is not None)
+    else:
+        check_output(options.json, "--json", "file", others, streams=True)
         if options.resume and stream_kind(options.json.expanduser()) is not None:
             raise UsageError(f"--json {options.json} is a device or pipe; --resume continues a file")
-        if options.out is not None and video_source is None:
-            json_path = os.path.abspath(options.json.expanduser())
-            drawings = {os.path.abspath(options.out.expanduser() / name): name
-                        for name in drawing_names(output_names(inputs))}
-            if json_path in drawings:
-                raise UsageError(f"--json {options.json} is the name of the drawing of {drawings[json_path]} in --out "
-                                 f"{options.out}: choose another name")
+    if options.out is None:
+        return
+    json_path = os.path.abspath(options.json.expanduser())
+    out = os.path.abspath(options.out.expanduser())
+    if output_kind(options.format) == "dir" and (out == json_path or out.startswith(json_path + os.sep)):
+        raise UsageError(f"--json {options.json} is the folder of OpenPose's files, replaced whole, and --out "
+                         f"{options.out} is in it: write them apart")
+    if video_source is None:
+        drawings = {os.path.join(out, name): name for name in drawing_names(output_names(inputs))}
+        if json_path in drawings:
+            raise UsageError(f"--json {options.json} is the name of the drawing of {drawings[json_path]} in --out "
+                             f"{options.out}: choose another name")
 
 
 def read_boxes(options: PredictOptions, names: list[str] | None):
@@ -87,8 +104,9 @@ def read_boxes(options: PredictOptions, names: list[str] | None):
 
 def _video_plan(options: PredictOptions, source, kind: str):
     """A video or webcam: checked before the model loads; its `--segment` plan (or None)."""
-    if options.format != "coco":
-        raise UsageError(f"--format {options.format} writes pre-annotations of images; a video takes --format coco")
+    if options.format not in ("coco", *POSE_FORMATS):
+        raise UsageError(f"--format {options.format} writes pre-annotations of images; a video takes --format coco, "
+                         f"{', '.join(POSE_FORMATS)}")
     if kind == "webcam" and options.json_array:
         raise UsageError("--json-array: a webcam runs until it is stopped; its --json is JSON Lines only")
     if kind == "video":

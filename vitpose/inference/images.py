@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from vitpose.inference.pipeline import image_ids
+from vitpose.inference.pose_formats import POSE_FORMATS, PoseFormatFile
 from vitpose.inference.records import image_records
 from vitpose.inference.runner import Item, PredictOptions, RunSummary, predict_units
 from vitpose.inference.writers import ResultsFile
@@ -184,6 +185,8 @@ def open_results(options: PredictOptions, predictor, plan=None):
         return None
     if plan is not None:
         return plan.results_file()
+    if options.format in POSE_FORMATS:  # OpenPose, DeepLabCut, AlphaPose: written at the end
+        return PoseFormatFile(options.json, options.format, _skeleton(predictor), source="images")
     if options.format != "coco":
         return ResultsFile(options.json, "file_name", array=True, render=_annotation_writer(options, predictor))
     return ResultsFile(options.json, "file_name", array=options.json_array, resume=options.resume)
@@ -191,12 +194,17 @@ def open_results(options: PredictOptions, predictor, plan=None):
 
 def _annotation_writer(options: PredictOptions, predictor):
     """records -> the text of `--format labelstudio | cvat` (`vitpose.inference.records.render_records`)."""
-    from vitpose.data.metainfo import dataset_info
     from vitpose.inference.records import render_records
 
-    skeleton = getattr(predictor, "skeleton", None) or dataset_info("coco")
-    return lambda records: render_records(records, options.format, skeleton, options.mark_below,
-                                                  options.mark_by)
+    skeleton = _skeleton(predictor)
+    return lambda records: render_records(records, options.format, skeleton, options.mark_below, options.mark_by)
+
+
+def _skeleton(predictor):
+    """The model's skeleton (COCO's for a model file that records none)."""
+    from vitpose.data.metainfo import dataset_info
+
+    return getattr(predictor, "skeleton", None) or dataset_info("coco")
 
 
 def _box_lookup(table, key: str, ids: dict):
@@ -241,4 +249,5 @@ def print_summary(state: _ImageRun, where) -> int:
     # with --json /dev/stdout the results own stdout: the summary goes to stderr
     out = sys.stderr if state.results is not None and state.results.stream == STDOUT else sys.stdout
     written = [p for p in (state.options.out, where) if p is not None]
-    return state.summary.report(where, json=state.options.json, written=written, out=out, lines=lines)
+    return state.summary.report(where, json=state.options.json, written=written, out=out, lines=lines,
+                                resumable=state.options.format == "coco")

@@ -218,11 +218,13 @@ class RunSummary:
             return EXIT_INTERRUPTED
         return EXIT_FAILED if self.failures else EXIT_OK
 
-    def report(self, where=None, *, detail: str = "", json=None, written=(), out=None, lines=()) -> int:
+    def report(self, where=None, *, detail: str = "", json=None, written=(), out=None, lines=(),
+               resumable: bool = True) -> int:
         """The closing lines of a run (the one printer of `vitpose predict`'s images, segments and
         Ray runs) -> its exit status. where: the results file as closed (a `.partial` beside `json`
         when the run did not complete); detail: after the people (" in 3 segments"); written: the
-        outputs; lines: more lines for `out` (the stage timings, a precision's reason)."""
+        outputs; lines: more lines for `out` (the stage timings, a precision's reason); resumable:
+        False for a file written whole (`--format` other than coco), which --resume cannot continue."""
         out = out or sys.stdout
         print(f"{self.items} {self.noun}, {self.people} people{detail}"
               + (f", {self.nobody} {self.noun} with nobody found" if self.nobody else "")
@@ -233,7 +235,7 @@ class RunSummary:
             print("written: " + ", ".join(str(p) for p in written), file=out)
         if self.interrupted:
             print(f"vitpose predict: interrupted by {self.signal_name or 'the user'} after {self.items} {self.noun}"
-                  f"{_resume_hint(where, json)}", file=sys.stderr)
+                  f"{_resume_hint(where, json) if resumable else _rerun_hint(json)}", file=sys.stderr)
         self.failures.report(f"{self.noun} skipped (missing, unreadable or failed) or not written")
         return self.exit_status
 
@@ -245,6 +247,10 @@ def _resume_hint(where, json) -> str:
         return (f"; {json} is unchanged, this run's results so far are in {where} (run again with --resume to "
                 f"finish them)")
     return f"; run again with --resume to finish {json}"
+
+
+def _rerun_hint(json) -> str:
+    return "" if json is None else f"; {json} is written whole: run again to finish it"
 
 
 def _chunks(items: Iterable[Item], batch: int, max_pixels: int | None, stop) -> Iterator[list[Item]]:

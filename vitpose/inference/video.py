@@ -41,12 +41,14 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from vitpose.errors import UserError
 from vitpose.inference.draw import draw_people
 from vitpose.inference.pipeline import coco_records, video_boxes
+from vitpose.inference.pose_formats import POSE_FORMATS, PoseFormatFile
 from vitpose.inference.records import rescored
 from vitpose.inference.results import Poses
 from vitpose.inference.runner import Failures, PredictOptions, offline_smoothing, predict_chunk
@@ -99,6 +101,7 @@ class VideoSummary:
     interrupted: bool = False
     notes: list[str] = field(default_factory=list)
     video_error: str | None = None  # the drawn video could not be written (VideoWriteError)
+    whole: bool = False  # the results are a file written whole (--format other than coco): no --resume
 
     @property
     def exit_status(self) -> int:
@@ -137,7 +140,9 @@ class VideoSummary:
         if self.interrupted:
             partial = bool(self.json_path) and self.json_path.endswith(".partial")
             lines.append(f"  interrupted: stopped by the user after {self.frames_done} frames"
-                         + ("; the results so far are in " + self.json_path + " (the earlier file is unchanged; "
+                         + (f"; {self.json_path} is written whole: run again to finish it" if self.whole and
+                            self.json_path else
+                            "; the results so far are in " + self.json_path + " (the earlier file is unchanged; "
                             "run again with --resume to finish them)"
                             if partial else "; run again with --resume to finish the JSON" if self.json_path else ""))
         lines += [f"  {note}" for note in self.notes]
@@ -363,9 +368,17 @@ def _detection_schedule(options: PredictOptions, boxes) -> DetectionSchedule | N
     return DetectionSchedule(int(every), lost_ratio=options.det_lost_ratio or 0.5)
 
 
-def _results_file(options: PredictOptions, webcam: bool):
+def _results_file(options: PredictOptions, webcam: bool, predictor=None, reader: FrameReader | None = None):
     if not options.json:
         return None
+    if options.format in POSE_FORMATS:  # OpenPose, DeepLabCut, AlphaPose, NWB: written at the end
+        from vitpose.data.metainfo import dataset_info
+
+        skeleton = getattr(predictor, "skeleton", None) or dataset_info("coco")
+        source = reader.source if reader is not None else "video"
+        stem = f"webcam{source}" if webcam else Path(str(source)).stem
+        return PoseFormatFile(options.json, options.format, skeleton, stem=stem, video=True, source=str(source),
+                              fps=reader.fps if reader is not None else None)
     if options.json_array and webcam:
         raise UserError("--json-array: a webcam runs until it is stopped; its results are JSON Lines only")
     return ResultsFile(options.json, "frame", array=options.json_array, resume=options.resume)
@@ -406,8 +419,9 @@ def run_video(predictor, source, options: PredictOptions, stop: threading.Event 
         reader.capture.release()
         raise UserError("no person boxes: this predictor has no detector; give --boxes FILE.json, or build it "
                         "with a detector (--detector default | full-frame | NAME)")
-    results = _results_file(options, webcam)
+    results = _results_file(options, webcam, predictor, reader)
     summary = _new_summary(reader, pipeline, results)
+    summary.whole = options.format != "coco"
     predictor.timer.reset()
     progress = _progress_bar(options, reader, summary.resumed_from)
     writer = _Writer(options, predictor, reader, summary, results, progress)
