@@ -408,7 +408,9 @@ def coco_records(poses: Poses, image_id: int | None = None, file_name: str | Non
 
     One record per person: `image_id` and `file_name` (images) or `frame` (videos), `category_id`
     1, `bbox` [x, y, w, h], `keypoints` [x1, y1, s1, ...], `bbox_score`, `score` (the evaluator's
-    instance score: `instance_scores`, comparisons in float64) and `track_id` when tracked.
+    instance score: `instance_scores`, comparisons in float64), `track_id` when tracked, and
+    `p` (K calibrated probabilities) and `visibility` (K ints: 0 absent, 1 occluded, 2 visible)
+    only when the poses carry them (a calibrated model file).
     Non-finite keypoints or scores are written as null (JSON has no NaN); the count is returned.
     """
     scores = instance_scores(poses.keypoint_scores, poses.box_scores, keypoint_score_thr)
@@ -424,6 +426,12 @@ def coco_records(poses: Poses, image_id: int | None = None, file_name: str | Non
                        "score": numbers[5]})
         if poses.track_ids is not None:
             record["track_id"] = int(poses.track_ids[m])
+        if poses.keypoint_p is not None:
+            p, bad_p = _finite_or_none(poses.keypoint_p[m])
+            bad += bad_p
+            record["p"] = p
+        if poses.keypoint_visibility is not None:
+            record["visibility"] = [int(v) for v in np.asarray(poses.keypoint_visibility[m]).ravel()]
         records.append(record)
     return records, bad
 
