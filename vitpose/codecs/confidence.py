@@ -14,11 +14,10 @@ Features of one keypoint (`keypoint_features`), per variant of the forward pass:
 - `flip_views` (the flip test's two views apart: eager and ONNX files without the flip test
   inside, the default): the flip-averaged heatmap's peak (as a logit), its sharpness (the share of
   the positive heatmap mass within `SHARPNESS_RADIUS` cells of the peak), the person's other
-  keypoints (the mean peak logit of the rest), where it lies in the image (how far inside it, and
-  whether inside another person's box: `scene_features`), how far apart the two views put it
-  (over the box's size) and the gap of their peaks;
-- `flip_average` (a graph with the flip test inside gives the average only): the first five;
-- `plain` (no flip test): the first five, of the plain view.
+  keypoints (the mean peak logit of the rest), how far inside the image it lies (`scene_features`),
+  how far apart the two views put it (over the box's size) and the gap of their peaks;
+- `flip_average` (a graph with the flip test inside gives the average only): the first four;
+- `plain` (no flip test): the first four, of the plain view.
 Each variant is fitted on its own features, so a runtime applies the fit of what it computes.
 """
 
@@ -35,7 +34,7 @@ __all__ = ["CALIBRATION_VERSION", "FEATURE_NAMES", "VARIANTS", "CalibrationError
 
 CALIBRATION_VERSION = 1
 VARIANTS = ("flip_views", "flip_average", "plain")
-SCENE_FEATURES = ("inside the image", "inside another person's box")
+SCENE_FEATURES = ("inside the image",)
 FEATURE_NAMES = {
     "flip_views": ("peak logit", "sharpness", "person's other peaks", *SCENE_FEATURES, "views apart",
                    "views' peak gap"),
@@ -80,22 +79,15 @@ def _logit(scores) -> np.ndarray:
 
 def scene_features(keypoints, scene) -> list[np.ndarray]:
     """Where each keypoint (N, K, 2) lies in its image: how far inside it (the distance to the
-    nearest edge over the person box's size, negative outside, clipped to [-1, 1]) and whether it
-    lies in another person's box of the same image (a person in front may hide it). scene: (image
-    sizes (N, 2) w, h; person boxes (N, 4) xyxy; image index (N,)) of each person."""
-    sizes, boxes, image = (np.asarray(a, np.float64) for a in scene)
+    nearest edge over the person box's size sqrt(w h), negative outside, clipped to [-1, 1]; an
+    absent keypoint is often guessed at the edge). scene: (image sizes (N, 2) w, h; person boxes
+    (N, 4) xyxy) of each person: nothing of the other people, so that a request cut into slices
+    of boxes (`vitpose serve`) gets the numbers of the whole image."""
+    sizes, boxes = (np.asarray(a, np.float64) for a in scene[:2])
     x, y = np.moveaxis(np.asarray(keypoints, np.float64), -1, 0)
     w, h = sizes[:, :1], sizes[:, 1:2]
     extent = np.sqrt(np.maximum((boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1]), 1.0))[:, None]
-    inside = np.clip(np.minimum(np.minimum(x, w - x), np.minimum(y, h - y)) / extent, -1.0, 1.0)
-    covered = np.zeros_like(x)
-    for other in range(len(boxes)):
-        same = (image == image[other]) & (np.arange(len(boxes)) != other)
-        if same.any():
-            x0, y0, x1, y1 = boxes[other]
-            covered[same] = np.maximum(covered[same], ((x[same] >= x0) & (x[same] <= x1) & (y[same] >= y0)
-                                                       & (y[same] <= y1)).astype(np.float64))
-    return [inside, covered]
+    return [np.clip(np.minimum(np.minimum(x, w - x), np.minimum(y, h - y)) / extent, -1.0, 1.0)]
 
 
 def keypoint_features(scores, sharpness, scale, keypoints, scene, views=None) -> np.ndarray:

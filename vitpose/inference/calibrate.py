@@ -291,12 +291,12 @@ def write_calibrated(loaded, spec, out: Path) -> Path:
     .safetensors file through `save_weights`, else a torch checkpoint {state_dict, spec, config}."""
     import torch
 
-    from vitpose.files import atomic_path
+    from vitpose.files import atomic_path, staged_files
     from vitpose.models.checkpoint import save_weights
     from vitpose.models.spec import METADATA_KEY
 
     if out.suffix == ".safetensors":
-        with atomic_path(out) as staged:  # the same name in a private folder, renamed into place
+        with staged_files(out) as staged:  # save_file writes a new file: staged, then renamed into place
             save_weights(loaded.model, staged, spec)
         return out
     state = {name: t.detach().to("cpu") for name, t in loaded.model.state_dict().items()}

@@ -276,12 +276,11 @@ class TopDown:
 
 
 def scene_of(images, found: list[Detections]):
-    """(image sizes (N, 2) w, h; boxes (N, 4) xyxy; image index (N,)) of every person of the images."""
+    """(image sizes (N, 2) w, h; boxes (N, 4) xyxy) of every person of the images (`scene_features`)."""
     sizes = [np.tile([image.shape[1], image.shape[0]], (len(d.boxes), 1)) for image, d in zip(images, found)]
     boxes = [np.asarray(d.boxes, np.float64).reshape(-1, 4) for d in found]
-    index = [np.full(len(d.boxes), i) for i, d in enumerate(found)]
     return (np.concatenate(sizes).reshape(-1, 2) if sizes else np.zeros((0, 2)),
-            np.concatenate(boxes) if boxes else np.zeros((0, 4)), np.concatenate(index) if index else np.zeros(0))
+            np.concatenate(boxes) if boxes else np.zeros((0, 4)))
 
 
 def variant_features(decoded, scale: np.ndarray, scene, variant: str):
