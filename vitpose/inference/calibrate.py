@@ -63,10 +63,13 @@ class CalibrationRun:
 
 
 def default_out(model) -> Path:
-    """M.calibrated<suffix> beside the model file (`.pth` for a name)."""
+    """M.calibrated<suffix> beside the model file (.pth unless it is .pt or .safetensors); for a
+    published name or an HF repo id, <name>.calibrated.pth in the working folder."""
     path = Path(str(model))
+    if not path.is_file():
+        return Path(str(model).replace("/", "_").replace("@", "_") + ".calibrated.pth")
     suffix = path.suffix if path.suffix in (".pth", ".pt", ".safetensors") else ".pth"
-    stem = path.stem if path.suffix == suffix else path.name.replace("/", "_")
+    stem = path.stem if path.suffix == suffix else path.name
     return path.with_name(f"{stem}.calibrated{suffix}")
 
 
@@ -306,14 +309,3 @@ def write_calibrated(loaded, spec, out: Path) -> Path:
     with atomic_path(out) as staged:
         torch.save(payload, staged)
     return out
-
-
-def describe(calibration: dict | None) -> str:
-    """One line on a spec's calibration (what `vitpose serve`'s /v1/model could show)."""
-    if not calibration:
-        return "not calibrated"
-    fitted = calibration.get("fitted_on", {})
-    flip = calibration.get("figures", {}).get("flip_views", {})
-    ece = f"; ECE {flip['ece_score']:.3f} -> {flip['ece_p']:.3f}" if "ece_p" in flip else ""
-    return f"calibrated on {fitted.get('people', '?')} people of {fitted.get('file', '?')}{ece}"
-
