@@ -153,8 +153,10 @@ class TopDown:
         keypoints, scores, p, visibility = np.zeros((0, k, 2)), np.zeros((0, k), np.float32), None, None
         if self.calibration is not None:
             p, visibility = np.zeros((0, k), np.float32), np.zeros((0, k), np.int8)
-        if len(centers):  # one network pass over the crops of every image
-            keypoints, scores, p, visibility = self._keypoints_of_crops(crops, centers, scales, scene_of(images, found))
+        if len(centers) and self.calibration is None:  # one network pass over the crops of every image
+            keypoints, scores = self._keypoints_of_crops(crops, centers, scales)
+        elif len(centers):
+            keypoints, scores, p, visibility = self._calibrated_keypoints(crops, centers, scales, scene_of(images, found))
         out, start = [], 0
         for boxes, box_scores in found:
             stop = start + len(boxes)
@@ -182,15 +184,15 @@ class TopDown:
             crops = crops[:, ::-1]
         return crops, np.concatenate(centers), np.concatenate(scales)
 
-    def _keypoints_of_crops(self, crops, center: np.ndarray, fixed_scale: np.ndarray, scene=None):
-        """uint8 RGB crops (N, 3, h, w) -> keypoints (N, K, 2) image pixels, scores (N, K), and the
-        calibrated p (N, K) and visibility (N, K) of a calibrated model (else None, None): the one
-        place every runtime turns its features into them (`vitpose.codecs.confidence.calibrated`).
-        The keypoints and scores are the same either way (the flip test's average of one batch)."""
-        if self.calibration is None:
-            (keypoints, scores, _), = self._decode_views(crops, center, fixed_scale,
-                                                         lambda batch: (self.run_network(batch),))
-            return keypoints, scores, None, None
+    def _keypoints_of_crops(self, crops, center: np.ndarray, fixed_scale: np.ndarray):
+        """uint8 RGB crops (N, 3, h, w) -> keypoints (N, K, 2) image pixels, scores (N, K)."""
+        return self._decode_views(crops, center, fixed_scale, lambda batch: (self.run_network(batch),))[0][:2]
+
+    def _calibrated_keypoints(self, crops, center: np.ndarray, fixed_scale: np.ndarray, scene):
+        """`_keypoints_of_crops` of a calibrated model, with the calibrated p (N, K) and visibility
+        (N, K): the one place every runtime turns its features into them
+        (`vitpose.codecs.confidence.calibrated`). The keypoints and scores are the same as without
+        the calibration (the flip test's average of one batch); `scene`: `scene_of` the people."""
         views = self.gives_views()
         network = self.run_network_views if views else (lambda batch: (self.run_network(batch),))
         decoded = self._decode_views(crops, center, fixed_scale, network, sharpness=True)
