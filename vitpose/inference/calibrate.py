@@ -152,7 +152,7 @@ def collect(predictor, coco: dict, images: Path, tolerance: dict) -> dict:
     table = _people_by_image(coco, k)
     features = {v: [] for v in VARIANTS}
     right = {v: [] for v in VARIANTS}
-    states, image_of, raw = [], [], []
+    states, image_of, raw, predictions = [], [], [], []
     ids = sorted(table)
     for start in range(0, len(ids), IMAGES_PER_PASS):
         chunk = ids[start:start + IMAGES_PER_PASS]
@@ -168,6 +168,9 @@ def collect(predictor, coco: dict, images: Path, tolerance: dict) -> dict:
                 features[variant].append(feats.reshape(-1, feats.shape[-1]))
                 right[variant].append(right_within_tolerance(keypoints, label, bbox, area, tolerance).ravel())
             raw.append(found["flip_views"][1].ravel())
+            predictions += [{"id": a["id"], "image_id": image_id, "keypoints": kp, "keypoint_scores": sc,
+                             "bbox_score": 1.0, "area": float(a["bbox"][2] * a["bbox"][3]), "bbox": a["bbox"]}
+                            for a, kp, sc in zip(anns, *found["flip_views"][:2])]
             states.append(np.clip(label[..., 2], 0, 2).astype(int).ravel())
             image_of.append(np.full(len(anns) * k, image_id))
     if sum(len(table[i][1]) for i in ids) < MIN_PEOPLE:
@@ -177,7 +180,7 @@ def collect(predictor, coco: dict, images: Path, tolerance: dict) -> dict:
     count = len(np.concatenate(states))
     return {"variants": joined, "states": np.concatenate(states), "image_of": np.concatenate(image_of),
             "types": np.tile(np.arange(k), count // k), "raw": np.concatenate(raw), "num_keypoints": k,
-            "images": len(ids), "people": count // k}
+            "images": len(ids), "people": count // k, "predictions": predictions}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,6 +278,9 @@ def calibrate(options: CalibrateOptions, log=print) -> CalibrationRun:
                    "fitted_on": {"file": str(ann_file), "sha256": _sha256(ann_file), "images": collected["images"],
                                  "people": collected["people"], "keypoints": int(len(right))},
                    "figures": figures}
+    ap = average_precision(ann_file, collected["predictions"], tolerance)
+    if ap is not None:
+        figures["ap"] = ap  # the model's, with or without p
     spec = loaded.spec.replace(calibration=calibration)
     write_calibrated(loaded, spec, out)
     what = (f"within PCK@{tolerance['threshold']}" if tolerance["metric"] == "pck"
@@ -282,11 +288,26 @@ def calibrate(options: CalibrateOptions, log=print) -> CalibrationRun:
     reliability_diagram(plot, raw, p, right, f"{Path(options.model).name}: P({what})")
     header = [f"calibrated on {collected['images']} held-out images, {collected['people']} people of {ann_file} "
               f"(right: {what}; {right.mean():.3f} of the keypoints); out of {FOLDS} folds:"]
-    footer = ["AP: unchanged (p and visibility are added beside the keypoints and scores, which stay the model's)",
+    same = "the same with and without p: p and visibility are added beside the keypoints and scores, which stay the model's"
+    footer = [f"AP {ap:.4f} on the labels' boxes, {same}" if ap is not None else f"AP: {same}",
               f"wrote {out} and the reliability diagram {plot}"]
     for line in header + lines + footer:
         log(line)
     return CalibrationRun(calibration, out, plot, header + lines + footer)
+
+
+def average_precision(ann_file: Path, predictions: list, tolerance: dict) -> float | None:
+    """COCO AP of the predictions on the labels' boxes (an OKS skeleton's; None for PCK): what the
+    model scores with or without its calibration, which changes no keypoint and no score."""
+    import warnings
+
+    from vitpose.evaluation.coco_evaluator import CocoEvaluator
+
+    if tolerance["metric"] != "oks" or not predictions:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return float(CocoEvaluator(ann_file, sigmas=tolerance["sigmas"]).evaluate(predictions)["AP"])
 
 
 def write_calibrated(loaded, spec, out: Path) -> Path:
