@@ -2,10 +2,10 @@
 data, recorded in the model file and applied alike by every runtime.
 
 CI tier: a 1-block model fitted in seconds (test_runtimes' `peaked_model_and_set`), calibrated on
-another synthetic set; p and visibility equal in eager, ONNX (flip test here and inside the graph)
-and the server; a file without calibration gives none; the 21-keypoint hand skeleton calibrates
+another synthetic set; p and visibility equal in eager, ONNX, the server and Ray's actor; a file without calibration gives none; the 21-keypoint hand skeleton calibrates
 with its PCK threshold; the command's refusals. Slow tier: the demo model (its occluders), the
-acceptance figures (ECE, visibility against the majority class), int8 and OpenVINO.
+acceptance figures (ECE, visibility against the majority class), int8, OpenVINO and a graph with
+the flip test inside.
 """
 
 import json
@@ -31,8 +31,9 @@ def _open(model, **kwargs):
     return vitpose.open_predictor(str(model), device="cpu", precision="fp32", detector=None, **kwargs)
 
 
-def _people(root: Path, count: int = 6):
-    """(BGR images, their labelled people's xyxy boxes) of the first `count` images with people."""
+def _people(root: Path, count: int = 6, paths: bool = False):
+    """(BGR images, their labelled people's xyxy boxes) of the first `count` images with people
+    (the images' paths instead of their pixels with `paths`)."""
     coco = json.loads((root / "annotations" / "person_keypoints_val2017.json").read_text())
     boxes = {}
     for ann in coco["annotations"]:
@@ -41,7 +42,8 @@ def _people(root: Path, count: int = 6):
     images, out = [], []
     for image in coco["images"]:
         if image["id"] in boxes and len(images) < count:
-            images.append(cv2.imread(str(root / "val2017" / image["file_name"])))
+            path = root / "val2017" / image["file_name"]
+            images.append(path if paths else cv2.imread(str(path)))
             out.append(np.array(boxes[image["id"]], np.float32))
     return images, out
 
@@ -121,19 +123,38 @@ def test_p_and_visibility_are_equal_in_eager_onnx_and_the_server(models, tmp_pat
     for a, b in zip(got, _open(onnx_path)(images, boxes=boxes, channels="bgr")):
         np.testing.assert_allclose(a.keypoint_p, b.keypoint_p, atol=1e-4)
         np.testing.assert_array_equal(a.keypoint_visibility, b.keypoint_visibility)
-    # the server: the records of `vitpose predict --json`, with p and visibility
-    app, _ = serve(eager)
+    # the server, its batches one box at a time (a request's boxes in slices): the records of
+    # `vitpose predict --json`, with p and visibility
+    app, _ = serve(_open(calibrated_file, batch_size=1))
     from test_serve_seams import call
 
-    body = cv2.imencode(".png", images[0])[1].tobytes()
-    status, _, answer, _ = call(app, "POST", "/v1/predict?boxes=" + quote(json.dumps(boxes[0].tolist())), body)
+    i = int(np.argmax([len(b) for b in boxes]))
+    body = cv2.imencode(".png", images[i])[1].tobytes()
+    status, _, answer, _ = call(app, "POST", "/v1/predict?boxes=" + quote(json.dumps(boxes[i].tolist())), body)
     assert status == 200, answer
     records = answer if isinstance(answer, list) else answer.get("records", answer.get("predictions"))
-    assert len(records) == len(boxes[0])
+    assert len(records) == len(boxes[i]) > 1
     for m, record in enumerate(records):
-        np.testing.assert_allclose(record["p"], got[0].keypoint_p[m], atol=1e-6)
-        assert record["visibility"] == got[0].keypoint_visibility[m].tolist()
+        np.testing.assert_allclose(record["p"], got[i].keypoint_p[m], atol=1e-6)
+        assert record["visibility"] == got[i].keypoint_visibility[m].tolist()
         assert len(record["keypoints"]) == 3 * len(record["p"])  # the raw score stays in its place
+    # Ray's actor (called here without a cluster): its rows carry them too
+    import torch
+
+    from vitpose.integrations.ray import PosePredictor
+
+    threads = torch.get_num_threads()
+    try:
+        actor = PosePredictor(str(calibrated_file), detector=None, device="cpu", precision="fp32", threads=1)
+    finally:
+        torch.set_num_threads(threads)
+    paths = _people(held, paths=True)[0]
+    rows = actor({"path": np.array([str(paths[i])], dtype=object),
+                  "boxes": np.array([json.dumps(boxes[i].tolist())], dtype=object)})
+    assert len(rows["p"]) == len(boxes[i])
+    for m in range(len(boxes[i])):
+        np.testing.assert_allclose(np.asarray(rows["p"][m], np.float64), got[i].keypoint_p[m], atol=1e-6)
+        assert list(rows["visibility"][m]) == got[i].keypoint_visibility[m].tolist()
 
 
 def test_a_file_without_calibration_gives_no_p_and_no_visibility(models, tmp_path):
