@@ -1,13 +1,15 @@
 """`vitpose calibrate --model M --data COCO [--out M.calibrated.pth]`: what a keypoint score means.
 
-    vitpose calibrate --model work_dirs/demo/best.pth --data work_dirs/demo/synthetic_coco
+    vitpose calibrate --model work_dirs/demo/best.pth --data held_out/
+    vitpose calibrate --model weights.pth --config my_keypoints.yaml --data held_out/annotations.json
 
 On held-out labelled images (a COCO keypoint set the model was not trained on: a folder in
 MMPose's layout, or a COCO JSON beside its images), fits per keypoint the probability `p` that a
 prediction lies within the skeleton's tolerance (OKS keypoint similarity >= 0.5, or the PCK
 threshold for a skeleton scored by PCK) and COCO's three-state visibility (0 absent, 1 occluded,
 2 visible), then writes a copy of the model file that records the fit and the data it was fitted
-on. Every runtime (predict, serve, Ray, the ONNX / int8 / OpenVINO exports of the new file)
+on. `--config`: the training config of weights that do not record their model (as predict's).
+Every runtime (predict, serve, Ray, the ONNX / int8 / OpenVINO exports of the new file)
 then adds `p` and `visibility` beside each keypoint's raw score. Prints the expected calibration
 error (ECE) of the raw score and of p, and the visibility accuracy against the majority class,
 measured out of fold; writes the reliability diagram (PNG). docs/calibration.md.
@@ -25,7 +27,7 @@ from vitpose.errors import EXIT_OK
 def add_parser(subparsers) -> argparse.ArgumentParser:
     doc = __doc__.split("\n\n")
     p = subparsers.add_parser("calibrate", help="fit p (P(keypoint right)) and visibility on held-out data",
-                              shared=("--device", "--debug"), description=doc[0], epilog="\n\n".join(doc[1:]),
+                              shared=("--config", "--device", "--debug"), description=doc[0], epilog="\n\n".join(doc[1:]),
                               formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("--model", required=True, help="the weights or checkpoint file (or a published name) to calibrate")
     p.add_argument("--data", required=True,
@@ -48,5 +50,5 @@ def run(args) -> int:
     if args.batch_size is not None and args.batch_size < 1:
         raise UsageError(f"--batch-size {args.batch_size}: give a positive number of boxes")
     calibrate(CalibrateOptions(model=args.model, data=args.data, out=args.out, plot=args.plot, device=args.device,
-                               batch_size=args.batch_size, seed=args.seed))
+                               batch_size=args.batch_size, seed=args.seed, config=args.config))
     return EXIT_OK

@@ -50,6 +50,7 @@ class CalibrateOptions:
     device: str | None = None
     batch_size: int | None = None
     seed: int = 0
+    config: str | None = None  # the training config of weights that do not record their model
 
 
 @dataclass
@@ -267,8 +268,12 @@ def calibrate(options: CalibrateOptions, log=print) -> CalibrationRun:
     plot = Path(options.plot) if options.plot else out.with_name(out.name.split(".")[0] + ".reliability.png")
     check_output(out, "--out", inputs=(options.model, options.data))
     check_output(plot, "--plot", inputs=(options.model, options.data, out))
-    loaded = load_model(options.model, device=options.device)
+    loaded = load_model(options.model, config=options.config, device=options.device)
     ann_file, images, coco = _held_out(options.data, loaded.config)
+    if options.config is not None:  # the config's training set is the model's too
+        from vitpose.config import load_config
+
+        _held_out(options.data, load_config(options.config).to_dict())
     predictor = Predictor(loaded.model, device=options.device, codec=loaded.codec, skeleton=loaded.skeleton,
                           batch_size=options.batch_size, precision="fp32")
     tolerance = tolerance_of(loaded.skeleton)
