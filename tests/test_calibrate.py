@@ -267,7 +267,10 @@ def test_a_malformed_calibration_is_refused_by_the_spec():
     with pytest.raises(SpecError, match="calibration"):
         ModelSpec(calibration={"version": 1, "variants": {"plain": {"correct": [[0.0]], "visibility": []}}})
     fit = {"correct": np.zeros((17, 5)).tolist(), "visibility": np.zeros((3, 4 + 17 + 1)).tolist()}
-    good = check_calibration({"version": 1, "variants": {"plain": fit}}, 17)
+    views = {"correct": np.zeros((17, 7)).tolist(), "visibility": np.zeros((3, 6 + 17 + 1)).tolist()}
+    with pytest.raises(ValueError, match="each of"):  # a runtime applies the variant it computes: all three
+        check_calibration({"version": 1, "variants": {"plain": fit}}, 17)
+    good = check_calibration({"version": 1, "variants": {"plain": fit, "flip_average": fit, "flip_views": views}}, 17)
     spec = ModelSpec(calibration=good)
     assert ModelSpec.from_json(spec.to_json()).calibration == good
     assert "calibration" not in ModelSpec().to_dict()  # files without one read as before

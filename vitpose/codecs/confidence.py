@@ -203,14 +203,15 @@ def type_columns(features: np.ndarray) -> np.ndarray:
 
 
 def check_calibration(calibration, num_keypoints: int, where: str = "calibration") -> dict:
-    """The recorded calibration (plain data) checked against K: every variant's `correct` weights
+    """The recorded calibration (plain data) checked against K: each variant's `correct` weights
     (K, F + 1) and `visibility` weights (3, F + K + 1), finite. CalibrationError naming what is wrong."""
     if not isinstance(calibration, Mapping) or calibration.get("version") != CALIBRATION_VERSION:
         raise CalibrationError(f"{where}: expected a mapping of version {CALIBRATION_VERSION}, got "
                                f"{calibration if not isinstance(calibration, Mapping) else calibration.get('version')!r}")
     variants = calibration.get("variants")
-    if not isinstance(variants, Mapping) or not variants or set(variants) - set(VARIANTS):
-        raise CalibrationError(f"{where}: variants must be a mapping of some of {list(VARIANTS)}")
+    if not isinstance(variants, Mapping) or set(variants) != set(VARIANTS):
+        raise CalibrationError(f"{where}: variants must be a mapping of each of {list(VARIANTS)} (a runtime "
+                               f"applies the one it computes)")
     for name, fit in variants.items():
         f = len(FEATURE_NAMES[name])
         for key, shape in (("correct", (num_keypoints, f + 1)), ("visibility", (VISIBILITY_STATES, f + num_keypoints + 1))):
