@@ -250,6 +250,10 @@ def load_model(source, *, expert=None, config=None, device=None) -> LoadedModel:
         # None: what the file records (checked against its tensors), else what its tensors tell
         wanted = None if found.weights.spec is not None else _spec_from_recorded_config(found.weights)
     model, spec, report = found.build(wanted, device)
+    recorded = found.weights.spec
+    if (spec.calibration is None and recorded is not None and recorded.calibration is not None
+            and recorded.num_keypoints == spec.num_keypoints):  # a config rebuilds the model, the fit stays the file's
+        spec = spec.replace(calibration=recorded.calibration)
     if skeleton is None:
         skeleton = _skeleton(spec, found)
     spec = spec.replace(skeleton=skeleton_data(skeleton))

@@ -161,6 +161,7 @@ class OnnxPredictor(TopDown):
         self.mean, self.std = pixels.pixel_mean, pixels.pixel_std
         if self.graph_flips:
             self._check_graph_flips()
+        self.calibration = self.spec.calibration if self.spec is not None else None  # `vitpose calibrate`'s fit
         self.batch_size = int(batch_size)
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -348,6 +349,10 @@ class OnnxPredictor(TopDown):
         return flip_average(plain, mirrored, self.flip_indices, getattr(self.codec, "flip_shift", False))
 
     run_network = heatmaps  # what `TopDown` calls between the crops and the decode
+
+    def gives_views(self) -> bool:
+        """The flip test done here (not inside the graph) gives both views."""
+        return self.flip_test and not self.graph_flips and self.flip_indices is not None
 
     def _plain_and_mirrored(self, crops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The graph's heatmaps of the normalised crops and of their mirrors, as one batch (as Predictor)."""

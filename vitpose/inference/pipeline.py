@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vitpose.codecs.confidence import VARIANTS, calibrated, heatmap_sharpness, keypoint_features, variant_of
 from vitpose.codecs.decode import decode_to_image, instance_scores
 from vitpose.data.geometry import bbox_xywh2xyxy, person_boxes_to_center_scale
 from vitpose.data.transforms import topdown_crops
@@ -52,10 +53,16 @@ class TopDown:
     batch_size = 32
     detector = None
     num_keypoints = 17
+    flip_test = True
+    calibration = None  # the model file's recorded fit (`ModelSpec.calibration`), or None
     timer: StageTimer
 
     def run_network(self, crops) -> np.ndarray:
         raise NotImplementedError
+
+    def gives_views(self) -> bool:
+        """Whether `run_network_views` can run (the flip test's two views apart); a subclass that can says so."""
+        return False
 
     def boxes_to_center_scale(self, boxes, box_format: str = "xyxy", image_shape=None):
         """(M, 4|5) boxes -> centre (M, 2), scale (M, 2) float32 (`geometry.person_boxes_to_center_scale`)."""
@@ -143,14 +150,20 @@ class TopDown:
         with self.timer.stage("crop"):
             crops, centers, scales = self._crop_all(images, [d.boxes for d in found], channels)
         k = self.num_keypoints
-        keypoints, scores = np.zeros((0, k, 2)), np.zeros((0, k), np.float32)
-        if len(centers):  # one network pass over the crops of every image
+        keypoints, scores, p, visibility = np.zeros((0, k, 2)), np.zeros((0, k), np.float32), None, None
+        if self.calibration is not None:
+            p, visibility = np.zeros((0, k), np.float32), np.zeros((0, k), np.int8)
+        if len(centers) and self.calibration is None:  # one network pass over the crops of every image
             keypoints, scores = self._keypoints_of_crops(crops, centers, scales)
+        elif len(centers):
+            keypoints, scores, p, visibility = self._calibrated_keypoints(crops, centers, scales, scene_of(images, found))
         out, start = [], 0
         for boxes, box_scores in found:
             stop = start + len(boxes)
             out.append(Poses(np.asarray(boxes, np.float32).reshape(-1, 4), np.asarray(box_scores, np.float32),
-                             keypoints[start:stop], scores[start:stop]))
+                             keypoints[start:stop], scores[start:stop],
+                             keypoint_p=None if p is None else p[start:stop],
+                             keypoint_visibility=None if visibility is None else visibility[start:stop]))
             start = stop
         return out
 
@@ -173,24 +186,60 @@ class TopDown:
 
     def _keypoints_of_crops(self, crops, center: np.ndarray, fixed_scale: np.ndarray):
         """uint8 RGB crops (N, 3, h, w) -> keypoints (N, K, 2) image pixels, scores (N, K)."""
-        return self._decode_views(crops, center, fixed_scale, lambda batch: (self.run_network(batch),))[0]
+        return self._decode_views(crops, center, fixed_scale, lambda batch: (self.run_network(batch),))[0][:2]
 
-    def _decode_views(self, crops, center: np.ndarray, fixed_scale: np.ndarray, network):
+    def _calibrated_keypoints(self, crops, center: np.ndarray, fixed_scale: np.ndarray, scene):
+        """`_keypoints_of_crops` of a calibrated model, with the calibrated p (N, K) and visibility
+        (N, K): the one place every runtime turns its features into them
+        (`vitpose.codecs.confidence.calibrated`). The keypoints and scores are the same as without
+        the calibration (the flip test's average of one batch); `scene`: `scene_of` the people."""
+        views = self.gives_views()
+        network = self.run_network_views if views else (lambda batch: (self.run_network(batch),))
+        decoded = self._decode_views(crops, center, fixed_scale, network, sharpness=True)
+        variant = variant_of(views, self.flip_test)
+        keypoints, scores, features = variant_features(decoded, fixed_scale, scene, variant)
+        with self.timer.stage("calibrate"):
+            p, visibility = calibrated(self.calibration, variant, features)
+        return keypoints, scores, p, visibility
+
+    def calibration_evidence(self, images, boxes, box_format: str = "xyxy", channels: str = "rgb") -> list[dict]:
+        """What `vitpose calibrate` fits on: per image {variant: (keypoints (M, K, 2), scores (M, K),
+        features (M, K, F))} of every variant (`vitpose.codecs.confidence.VARIANTS`), from one run of
+        the flip test's two views on the given boxes (a list of (M, 4|5) arrays, one per image)."""
+        _, images, found = self._people(list(images), list(boxes), box_format, channels)
+        with self.timer.stage("crop"):
+            crops, centers, scales = self._crop_all(images, [d.boxes for d in found], channels)
+        if not len(centers):
+            return [{} for _ in images]
+        decoded = self._decode_views(crops, centers, scales, self.run_network_views, sharpness=True)
+        scene = scene_of(images, found)
+        every = {variant: variant_features(decoded, scales, scene, variant) for variant in VARIANTS}
+        out, start = [], 0
+        for boxes_here, _ in found:
+            stop = start + len(boxes_here)
+            out.append({variant: tuple(a[start:stop] for a in arrays) for variant, arrays in every.items()})
+            start = stop
+        return out
+
+    def _decode_views(self, crops, center: np.ndarray, fixed_scale: np.ndarray, network, sharpness: bool = False):
         """`network(crops) -> (heatmaps, ...)` in batches, each heatmap view decoded to image
-        pixels: [(keypoints (N, K, 2), scores (N, K)) per view]."""
+        pixels: [(keypoints (N, K, 2), scores (N, K), sharpness (N, K) or None) per view]."""
         views = None
         for start in range(0, len(center), self.batch_size):
             stop = start + self.batch_size
             with self.timer.stage("pose"):
                 outputs = network(crops[start:stop])
             with self.timer.stage("decode heatmaps"):
-                views = views or [([], []) for _ in outputs]
-                for (keypoints, scores), heatmaps in zip(views, outputs):
+                views = views or [([], [], []) for _ in outputs]
+                for (keypoints, scores, sharp), heatmaps in zip(views, outputs):
                     kpts, kpt_scores = decode_to_image(self.codec, heatmaps, center[start:stop],
                                                        fixed_scale[start:stop])
                     keypoints.append(kpts)
                     scores.append(kpt_scores)
-        return [(np.concatenate(keypoints), np.concatenate(scores)) for keypoints, scores in views]
+                    if sharpness:
+                        sharp.append(heatmap_sharpness(heatmaps))
+        return [(np.concatenate(keypoints), np.concatenate(scores), np.concatenate(sharp) if sharp else None)
+                for keypoints, scores, sharp in views]
 
     def run_network_views(self, crops):
         """uint8 RGB crops -> (flip-averaged, plain, mirrored-and-flipped-back) heatmaps; a
@@ -208,17 +257,46 @@ class TopDown:
         with self.timer.stage("crop"):
             crops, centers, scales = self._crop_all(images, [d.boxes for d in found], channels)
         k = self.num_keypoints
-        empty = (np.zeros((0, k, 2)), np.zeros((0, k), np.float32))
-        views = self._decode_views(crops, centers, scales, self.run_network_views) if len(centers) else [empty] * 3
+        calibrated_here = self.calibration is not None
+        empty = (np.zeros((0, k, 2)), np.zeros((0, k), np.float32), np.zeros((0, k)) if calibrated_here else None)
+        views = (self._decode_views(crops, centers, scales, self.run_network_views, sharpness=calibrated_here)
+                 if len(centers) else [empty] * 3)
+        p = visibility = None
+        if calibrated_here:
+            features = variant_features(views, scales, scene_of(images, found), "flip_views")[2]
+            p, visibility = calibrated(self.calibration, "flip_views", features)
         out, start = [], 0
         for boxes_here, box_scores in found:
             stop = start + len(boxes_here)
-            part = [(kp[start:stop], sc[start:stop]) for kp, sc in views]
+            part = [(kp[start:stop], sc[start:stop]) for kp, sc, _ in views]
             poses = Poses(np.asarray(boxes_here, np.float32).reshape(-1, 4), np.asarray(box_scores, np.float32),
-                          *part[0])
+                          *part[0], keypoint_p=None if p is None else p[start:stop],
+                          keypoint_visibility=None if visibility is None else visibility[start:stop])
             out.append(FlipViews(poses, *part[1], *part[2]))
             start = stop
         return out[0] if single else out
+
+
+def scene_of(images, found: list[Detections]):
+    """(image sizes (N, 2) w, h; boxes (N, 4) xyxy) of every person of the images (`scene_features`)."""
+    sizes = [np.tile([image.shape[1], image.shape[0]], (len(d.boxes), 1)) for image, d in zip(images, found)]
+    boxes = [np.asarray(d.boxes, np.float64).reshape(-1, 4) for d in found]
+    return (np.concatenate(sizes).reshape(-1, 2) if sizes else np.zeros((0, 2)),
+            np.concatenate(boxes) if boxes else np.zeros((0, 4)))
+
+
+def variant_features(decoded, scale: np.ndarray, scene, variant: str):
+    """(keypoints, scores, features (N, K, F)) of one variant from `_decode_views(..., sharpness=True)`'s
+    views: [the decoded heatmaps] or [averaged, plain, mirrored flipped back]. `plain` is the
+    plain view (the first of a run without the flip test); the others are the average's."""
+    if variant == "plain" and len(decoded) == 3:
+        decoded = decoded[1:2]
+    keypoints, scores, sharpness = decoded[0]
+    views = None
+    if variant == "flip_views":
+        (plain, plain_scores, _), (mirrored, mirrored_scores, _) = decoded[1], decoded[2]
+        views = (plain, plain_scores, mirrored, mirrored_scores)
+    return keypoints, scores, keypoint_features(scores, sharpness, scale, keypoints, scene, views)
 
 
 def as_image(image) -> np.ndarray:
@@ -408,7 +486,9 @@ def coco_records(poses: Poses, image_id: int | None = None, file_name: str | Non
 
     One record per person: `image_id` and `file_name` (images) or `frame` (videos), `category_id`
     1, `bbox` [x, y, w, h], `keypoints` [x1, y1, s1, ...], `bbox_score`, `score` (the evaluator's
-    instance score: `instance_scores`, comparisons in float64) and `track_id` when tracked.
+    instance score: `instance_scores`, comparisons in float64), `track_id` when tracked, and
+    `p` (K calibrated probabilities) and `visibility` (K ints: 0 absent, 1 occluded, 2 visible)
+    only when the poses carry them (a calibrated model file).
     Non-finite keypoints or scores are written as null (JSON has no NaN); the count is returned.
     """
     scores = instance_scores(poses.keypoint_scores, poses.box_scores, keypoint_score_thr)
@@ -424,6 +504,12 @@ def coco_records(poses: Poses, image_id: int | None = None, file_name: str | Non
                        "score": numbers[5]})
         if poses.track_ids is not None:
             record["track_id"] = int(poses.track_ids[m])
+        if poses.keypoint_p is not None:
+            p, bad_p = _finite_or_none(poses.keypoint_p[m])
+            bad += bad_p
+            record["p"] = p
+        if poses.keypoint_visibility is not None:
+            record["visibility"] = [int(v) for v in np.asarray(poses.keypoint_visibility[m]).ravel()]
         records.append(record)
     return records, bad
 

@@ -105,6 +105,7 @@ class Predictor(TopDown):
         spec = getattr(unwrap_model(model), "spec", None)
         self.skeleton = skeleton if skeleton is not None else _skeleton_of_model(model, spec)
         self.codec = codec if codec is not None else spec.build_codec() if spec is not None else UDPHeatmap()
+        self.calibration = spec.calibration if spec is not None else None  # `vitpose calibrate`'s fit, if any
         self.flip_test = bool(flip_test)
         self.amp_dtype = amp_dtype
         self.batch_size = default_batch_size(self.device) if batch_size is None else int(batch_size)
@@ -166,6 +167,9 @@ class Predictor(TopDown):
     @property
     def num_keypoints(self) -> int:
         return len(self.flip_indices) if self.flip_indices is not None else self.skeleton.num_keypoints
+
+    def gives_views(self) -> bool:
+        return self.flip_test  # the flip test's batch gives both views (`run_network_views`)
 
     @torch.no_grad()
     def run_network(self, crops) -> np.ndarray:

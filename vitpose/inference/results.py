@@ -63,6 +63,10 @@ class Poses:
     across frames (set by tracking; None otherwise). follows: (M,) int, for people carried from
     the frame before on their poses (`--det-every`), each one's index in that frame's `Poses`
     (None when the detector found them).
+    keypoint_p: (M, K) float32, the calibrated probability that each keypoint lies within its
+    tolerance (the skeleton's OKS tolerance, or its PCK threshold); keypoint_visibility: (M, K)
+    int8, COCO's three states (0 absent, 1 occluded, 2 visible). Both None when the model file
+    records no calibration (`vitpose calibrate`): never invented.
     """
 
     boxes: np.ndarray
@@ -72,6 +76,8 @@ class Poses:
     frame: int | None = None
     track_ids: np.ndarray | None = None
     follows: np.ndarray | None = None
+    keypoint_p: np.ndarray | None = None
+    keypoint_visibility: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.boxes)

@@ -167,6 +167,8 @@ class PosePredictor:
             return out
         flat = [(i, r) for i in range(n) for r in per_image[i]]
         columns = ("file_name", "category_id", "bbox", "keypoints", "bbox_score", "score")
+        if getattr(self.predictor, "calibration", None) is not None:  # every batch of a calibrated model has them
+            columns += ("p", "visibility")
         out = {name: np.array([r[name] for _, r in flat] if flat else [], dtype=object) for name in columns}
         if "path" in batch:
             out["path"] = np.array([str(batch["path"][i]) for i, _ in flat], dtype=object)

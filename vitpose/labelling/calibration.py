@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vitpose.codecs.confidence import fit_logistic, logistic  # noqa: F401 - the one fitter, importable here too
 from vitpose.labelling.labels import LabelledImage
 
 __all__ = ["Calibration", "bone_lengths", "bone_statistics", "calibrate", "facing_probabilities", "fit_logistic",
@@ -97,29 +98,6 @@ def visibility_features(label: np.ndarray, bbox, predicted, scores, views_apart,
                      np.log(scores / np.median(scores)), np.log(r / calibration.error + 0.1),
                      np.log(np.asarray(views_apart, np.float64) / calibration.error + 0.1),
                      np.abs(plain - mirrored)], 1)
-
-
-def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float = 1.0, steps: int = 50) -> np.ndarray:
-    """L2-regularised logistic regression by Newton's method on standardised features: returns
-    (F + 1,) weights on the raw features and the bias (the standardisation folded in; `logistic`)."""
-    mean, scale = x.mean(0), x.std(0) + 1e-9
-    z = np.hstack([(x - mean) / scale, np.ones((len(x), 1))])
-    w = np.zeros(z.shape[1])
-    ridge = np.full(z.shape[1], l2)
-    ridge[-1] = 0.0
-    for _ in range(steps):
-        p = 1.0 / (1.0 + np.exp(-z @ w))
-        gradient = z.T @ (p - y) + ridge * w
-        hessian = (z * (p * (1 - p))[:, None]).T @ z + np.diag(ridge + 1e-9)
-        step = np.linalg.solve(hessian, gradient)
-        w -= step
-        if np.abs(step).max() < 1e-7:
-            break
-    return np.concatenate([w[:-1] / scale, [w[-1] - (w[:-1] * mean / scale).sum()]])
-
-
-def logistic(weights: np.ndarray, x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-(x @ weights[:-1] + weights[-1])))
 
 
 def hidden_probabilities(labels: list[LabelledImage], lines: dict, calibration: Calibration) -> dict | None:

@@ -25,6 +25,7 @@ from typing import Any
 
 from vitpose.coco_meta import PIXEL_MEAN, PIXEL_STD
 from vitpose.codecs.choice import CODEC_CLASSES, build_codec, codec_class
+from vitpose.codecs.confidence import CalibrationError, check_calibration
 from vitpose.errors import UserError
 
 __all__ = ["EXPERTS", "EXPERT_ALIASES", "METADATA_KEY", "SKELETON_FIELDS", "ModelSpec", "SpecError",
@@ -115,6 +116,9 @@ class ModelSpec:
     pixel_mean, pixel_std: RGB normalisation on the 0-255 scale.
     skeleton: the DatasetInfo fields of SKELETON_FIELDS as plain lists, or None when the file does
     not say (the loader then picks one by expert or K, or asks for a config).
+    calibration: what `vitpose calibrate` fitted (`vitpose.codecs.confidence`: per keypoint the
+    probability of being right and the three-state visibility, and the data it was fitted on), or
+    None; not part of what the model is (not compared), recorded only when present.
     expert: the ViTPose+ expert to take from a mixture-of-experts file (never recorded).
     origin: where the spec came from ("recorded", "shapes", "hf config", "config", ...; not recorded).
     """
@@ -135,6 +139,7 @@ class ModelSpec:
     pixel_mean: tuple[float, float, float] = PIXEL_MEAN
     pixel_std: tuple[float, float, float] = PIXEL_STD
     skeleton: dict[str, Any] | None = field(default=None, hash=False)
+    calibration: dict[str, Any] | None = field(default=None, hash=False, compare=False)
     expert: str | None = None
     origin: str = field(default="", compare=False)
 
@@ -157,6 +162,11 @@ class ModelSpec:
             raise SpecError(f"model spec: codec must be one of {CODECS}, got {self.codec!r}")
         if self.skeleton is not None:
             self._check_skeleton()
+        if self.calibration is not None:
+            try:
+                set_(self, "calibration", check_calibration(self.calibration, self.num_keypoints, "model spec: calibration"))
+            except CalibrationError as e:
+                raise SpecError(str(e)) from None
 
     def _check_skeleton(self) -> None:
         if not isinstance(self.skeleton, dict) or "keypoint_names" not in self.skeleton:
@@ -173,12 +183,15 @@ class ModelSpec:
     # ------------------------------------------------------------------ plain data
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able data (lists, numbers, strings), without `expert` and `origin`."""
+        """Plain JSON-able data (lists, numbers, strings), without `expert` and `origin` (and
+        `calibration` when there is none)."""
         out = {"format": FORMAT_VERSION}
         for f in dataclasses.fields(self):
             if f.name in ("expert", "origin"):
                 continue
             value = getattr(self, f.name)
+            if f.name == "calibration" and value is None:
+                continue  # files without one read as before, by older versions too
             out[f.name] = json.loads(json.dumps(value)) if value is not None else None  # tuples -> lists
         return out
 

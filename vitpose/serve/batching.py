@@ -73,8 +73,12 @@ def _joined(parts: list):
     """One image's poses from those of its slices of boxes (in order)."""
     if len(parts) == 1:
         return parts[0]
-    return Poses(*(np.concatenate([getattr(p, name) for p in parts])
-                   for name in ("boxes", "box_scores", "keypoints", "keypoint_scores")))
+    joined = Poses(*(np.concatenate([getattr(p, name) for p in parts])
+                     for name in ("boxes", "box_scores", "keypoints", "keypoint_scores")))
+    for name in ("keypoint_p", "keypoint_visibility"):  # a calibrated model's: all slices or none
+        if all(getattr(p, name) is not None for p in parts):
+            setattr(joined, name, np.concatenate([getattr(p, name) for p in parts]))
+    return joined
 
 
 class BatchRunner:

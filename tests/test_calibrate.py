@@ -1,0 +1,339 @@
+"""`vitpose calibrate`: p (P(keypoint within tolerance)) and three-state visibility, fitted on held-out
+data, recorded in the model file and applied alike by every runtime.
+
+CI tier: a 1-block model fitted in seconds (test_runtimes' `peaked_model_and_set`), calibrated on
+another synthetic set; p and visibility equal in eager, ONNX, the server and Ray's actor; a file without calibration gives none; the 21-keypoint hand skeleton calibrates
+with its PCK threshold; the command's refusals. Slow tier: the demo model (its occluders), the
+acceptance figures (ECE, visibility against the majority class), int8, OpenVINO and a graph with
+the flip test inside.
+"""
+
+import json
+from pathlib import Path
+from urllib.parse import quote
+
+import cv2
+import numpy as np
+import pytest
+from conftest import REPO
+
+from vitpose.cli import main
+from vitpose.codecs.confidence import (
+    calibrated,
+    check_calibration,
+    fit_monotone_logistic,
+    heatmap_sharpness,
+    keypoint_features,
+)
+from vitpose.inference.calibrate import CalibrateOptions, calibrate, right_within_tolerance
+
+HELD_OUT_IMAGES = 24
+
+
+def _open(model, **kwargs):
+    import vitpose
+
+    return vitpose.open_predictor(str(model), device="cpu", precision="fp32", detector=None, **kwargs)
+
+
+def _people(root: Path, count: int = 6, paths: bool = False):
+    """(BGR images, their labelled people's xyxy boxes) of the first `count` images with people
+    (the images' paths instead of their pixels with `paths`)."""
+    coco = json.loads((root / "annotations" / "person_keypoints_val2017.json").read_text())
+    boxes = {}
+    for ann in coco["annotations"]:
+        x, y, w, h = ann["bbox"]
+        boxes.setdefault(ann["image_id"], []).append([x, y, x + w, y + h])
+    images, out = [], []
+    for image in coco["images"]:
+        if image["id"] in boxes and len(images) < count:
+            path = root / "val2017" / image["file_name"]
+            images.append(path if paths else cv2.imread(str(path)))
+            out.append(np.array(boxes[image["id"]], np.float32))
+    return images, out
+
+
+def _export(model_file, path, **kwargs):
+    """`vitpose export`'s ONNX writer on the model the file records (its calibration with it), gated on two crops."""
+    import torch
+
+    import vitpose
+    from vitpose.inference.export import to_onnx
+
+    loaded = vitpose.load_model(model_file, device="cpu")
+    h, w = loaded.spec.input_size[1], loaded.spec.input_size[0]
+    crops = torch.from_numpy(np.random.default_rng(0).integers(0, 255, (2, 3, h, w), dtype=np.uint8))
+    to_onnx(loaded.model, path, crops=crops, log=None, **kwargs)
+    return path
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """(uncalibrated file, calibrated file, its CalibrationRun, the held-out set's folder)."""
+    import torch
+    from test_runtimes import peaked_model_and_set
+
+    from vitpose.data.synthetic import make_coco
+    from vitpose.models.checkpoint import save_weights
+    from vitpose.models.spec import spec_of_model
+
+    folder = tmp_path_factory.mktemp("calibrate")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model, codec, _ = peaked_model_and_set(folder / "train", images=16, steps=60)
+        held = make_coco(folder / "held", num_images=HELD_OUT_IMAGES, seed=7, split="val")
+        plain = save_weights(model, folder / "peaked.safetensors", spec_of_model(model, sigma=codec.sigma))
+        run = calibrate(CalibrateOptions(model=str(plain), data=str(folder / "held"), device="cpu"), log=lambda _: None)
+    finally:
+        torch.set_num_threads(threads)
+    return plain, run.out, run, Path(held.ann_file).parents[1]
+
+
+def test_calibrate_writes_a_new_file_recording_the_fit_and_its_data(models):
+    plain, out, run, held = models
+    assert out == plain.with_name("peaked.calibrated.safetensors") and out.is_file() and run.plot.is_file()
+    assert run.plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from vitpose.models.checkpoint import read_weights
+
+    spec = read_weights(out).spec
+    assert read_weights(plain).spec.calibration is None  # the input is untouched
+    fitted = spec.calibration["fitted_on"]
+    assert fitted["file"].endswith("person_keypoints_val2017.json") and len(fitted["sha256"]) == 64
+    assert fitted["images"] <= HELD_OUT_IMAGES and fitted["people"] >= 20
+    assert spec.calibration["tolerance"]["metric"] == "oks" and spec.calibration["tolerance"]["level"] == 0.5
+    assert set(spec.calibration["variants"]) == {"flip_views", "flip_average", "plain"}
+    figures = spec.calibration["figures"]["flip_views"]
+    assert figures["ece_p"] < figures["ece_score"]  # out of fold, even on 24 images
+    assert 0 <= spec.calibration["figures"]["ap"] <= 1  # the model's AP on the labels' boxes, p or not
+    assert any("ECE raw score" in line for line in run.lines)
+
+
+def test_p_and_visibility_are_equal_in_eager_onnx_and_the_server(models, tmp_path, serve):
+    plain, calibrated_file, _, held = models
+    images, boxes = _people(held)
+    eager = _open(calibrated_file)
+    got = eager(images, boxes=boxes, channels="bgr")
+    assert all(p.keypoint_p is not None and p.keypoint_p.dtype == np.float32 for p in got)
+    assert all(p.keypoint_visibility.dtype == np.int8 and set(np.unique(p.keypoint_visibility)) <= {0, 1, 2}
+               for p in got)
+    # p is added beside the keypoints: they and the scores are the uncalibrated model's (AP unchanged)
+    before = _open(plain)(images, boxes=boxes, channels="bgr")
+    for a, b in zip(got, before):
+        np.testing.assert_array_equal(a.keypoints, b.keypoints)
+        np.testing.assert_array_equal(a.keypoint_scores, b.keypoint_scores)
+        assert b.keypoint_p is None and b.keypoint_visibility is None
+    onnx_path = tmp_path / "pose.onnx"
+    _export(calibrated_file, onnx_path)
+    for a, b in zip(got, _open(onnx_path)(images, boxes=boxes, channels="bgr")):
+        np.testing.assert_allclose(a.keypoint_p, b.keypoint_p, atol=1e-4)
+        np.testing.assert_array_equal(a.keypoint_visibility, b.keypoint_visibility)
+    # the server, its batches one box at a time (a request's boxes in slices): the records of
+    # `vitpose predict --json`, with p and visibility
+    app, _ = serve(_open(calibrated_file, batch_size=1))
+    from test_serve_seams import call
+
+    i = int(np.argmax([len(b) for b in boxes]))
+    body = cv2.imencode(".png", images[i])[1].tobytes()
+    status, _, answer, _ = call(app, "POST", "/v1/predict?boxes=" + quote(json.dumps(boxes[i].tolist())), body)
+    assert status == 200, answer
+    records = answer if isinstance(answer, list) else answer.get("records", answer.get("predictions"))
+    assert len(records) == len(boxes[i]) > 1
+    for m, record in enumerate(records):
+        np.testing.assert_allclose(record["p"], got[i].keypoint_p[m], atol=1e-6)
+        assert record["visibility"] == got[i].keypoint_visibility[m].tolist()
+        assert len(record["keypoints"]) == 3 * len(record["p"])  # the raw score stays in its place
+    # Ray's actor (called here without a cluster): its rows carry them too
+    import torch
+
+    from vitpose.integrations.ray import PosePredictor
+
+    threads = torch.get_num_threads()
+    try:
+        actor = PosePredictor(str(calibrated_file), detector=None, device="cpu", precision="fp32", threads=1)
+    finally:
+        torch.set_num_threads(threads)
+    paths = _people(held, paths=True)[0]
+    rows = actor({"path": np.array([str(paths[i])], dtype=object),
+                  "boxes": np.array([json.dumps(boxes[i].tolist())], dtype=object)})
+    assert len(rows["p"]) == len(boxes[i])
+    for m in range(len(boxes[i])):
+        np.testing.assert_allclose(np.asarray(rows["p"][m], np.float64), got[i].keypoint_p[m], atol=1e-6)
+        assert list(rows["visibility"][m]) == got[i].keypoint_visibility[m].tolist()
+
+
+def test_a_file_without_calibration_gives_no_p_and_no_visibility(models, tmp_path):
+    plain, _, _, held = models
+    image = sorted((held / "val2017").glob("*.jpg"))[0]
+    out = tmp_path / "poses.json"
+    assert main(["predict", str(image), "--model", str(plain), "--detector", "full-frame", "--json", str(out),
+                 "--device", "cpu"]) == 0
+    (record,) = json.loads(out.read_text())
+    assert "p" not in record and "visibility" not in record and "score" in record
+
+
+def test_predict_json_of_a_calibrated_file_carries_p_and_visibility(models, tmp_path):
+    _, calibrated_file, _, held = models
+    image = sorted((held / "val2017").glob("*.jpg"))[0]
+    out = tmp_path / "poses.json"
+    assert main(["predict", str(image), "--model", str(calibrated_file), "--detector", "full-frame",
+                 "--json", str(out), "--device", "cpu"]) == 0
+    (record,) = json.loads(out.read_text())
+    k = len(record["keypoints"]) // 3
+    assert len(record["p"]) == k and all(0 <= p <= 1 for p in record["p"])
+    assert len(record["visibility"]) == k and set(record["visibility"]) <= {0, 1, 2}
+
+
+def test_the_command_refuses_the_training_set_and_missing_data_in_one_line(models, tmp_path, capsys):
+    import torch
+
+    from vitpose.config import load_config
+    from vitpose.models.spec import METADATA_KEY
+
+    plain, _, _, held = models
+    code = main(["calibrate", "--model", str(plain), "--data", str(tmp_path / "nothing")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--data" in err[0], err
+    # a checkpoint whose recorded training set is the held-out set
+    from vitpose.models.checkpoint import read_weights
+
+    weights = read_weights(plain)
+    config = load_config(None, [f"data.root={held}", "data.train_ann=annotations/person_keypoints_val2017.json"])
+    checkpoint = tmp_path / "trained.pth"
+    torch.save({"state_dict": weights.state_dict, METADATA_KEY: weights.spec.to_dict(), "config": config.to_dict()},
+               checkpoint)
+    code = main(["calibrate", "--model", str(checkpoint), "--data", str(held)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "training set" in err[0], err
+    assert not (tmp_path / "trained.calibrated.pth").exists()
+    code = main(["calibrate", "--model", str(plain), "--data", str(held), "--out", str(plain)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--out" in err[0], err
+
+
+def test_the_hand_skeleton_calibrates_with_its_pck_threshold(tmp_path):
+    """A 21-keypoint model of configs/demo_hand21.yaml (metric: pck, threshold 0.2 of the box's
+    longer side) on a 21-keypoint synthetic set: "right" is PCK's, and the fit has 21 rows."""
+    import torch
+
+    from vitpose.builders import build_dataset_info, build_model_from_config
+    from vitpose.config import load_config
+    from vitpose.data.synthetic import make_coco
+    from vitpose.models.checkpoint import read_weights, save_weights
+
+    cfg = load_config(REPO / "configs" / "demo_hand21.yaml")
+    info = build_dataset_info(cfg, REPO)
+    torch.manual_seed(0)
+    model = build_model_from_config(cfg.model, info)
+    path = save_weights(model, tmp_path / "hand21.safetensors")
+    make_coco(tmp_path / "held", num_images=12, seed=3, split="val", dataset_info=info)
+    run = calibrate(CalibrateOptions(model=str(path), data=str(tmp_path / "held"), device="cpu"), log=lambda _: None)
+    tolerance = run.calibration["tolerance"]
+    assert tolerance == {"metric": "pck", "threshold": 0.2, "normalizer": "bbox"}
+    spec = read_weights(run.out).spec
+    assert np.asarray(spec.calibration["variants"]["flip_views"]["correct"]).shape[0] == 21
+    # PCK's rule: within 0.2 of the box's longer side (100 px here), whatever the OKS would say
+    label = np.zeros((1, 21, 3))
+    label[0, :, 2] = 2
+    predicted = np.zeros((1, 21, 2))
+    predicted[0, :, 0] = np.linspace(0, 40, 21)
+    right = right_within_tolerance(predicted, label, np.array([[0, 0, 50, 100]]), np.array([5000.0]), tolerance)
+    np.testing.assert_array_equal(right[0], predicted[0, :, 0] <= 20)
+
+
+# ---- the numbers themselves ---------------------------------------------------------------------
+
+def test_the_fit_is_monotone_in_the_peak():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(400, 3))
+    y = (rng.random(400) < 1 / (1 + np.exp(2 * x[:, 0]))).astype(float)  # a falling rate: refused
+    weights = fit_monotone_logistic(x, y)
+    assert weights[0] == 0.0
+    rising = fit_monotone_logistic(x, 1 - y)
+    assert rising[0] > 0
+
+
+def test_sharpness_and_features():
+    heatmaps = np.zeros((1, 2, 16, 12))
+    heatmaps[0, 0, 8, 6] = 1.0  # one peak
+    heatmaps[0, 1] = 0.1  # flat
+    heatmaps[0, 1, 8, 6] = 0.2
+    sharp = heatmap_sharpness(heatmaps)
+    assert sharp[0, 0] == pytest.approx(1.0) and sharp[0, 1] < 0.2
+    keypoints = np.array([[[5.0, 5.0], [-3.0, 5.0]]])
+    scene = (np.array([[100.0, 100.0]]), np.array([[0.0, 0.0, 50.0, 50.0]]))
+    features = keypoint_features(np.array([[0.9, 0.1]]), sharp, np.array([[60.0, 80.0]]), keypoints, scene)
+    assert features.shape == (1, 2, 4) and features[0, 1, 3] < 0 < features[0, 0, 3]  # outside the image
+
+
+def test_a_malformed_calibration_is_refused_by_the_spec():
+    from vitpose.models.spec import ModelSpec, SpecError
+
+    with pytest.raises(SpecError, match="calibration"):
+        ModelSpec(calibration={"version": 1, "variants": {"plain": {"correct": [[0.0]], "visibility": []}}})
+    fit = {"correct": np.zeros((17, 5)).tolist(), "visibility": np.zeros((3, 4 + 17 + 1)).tolist()}
+    views = {"correct": np.zeros((17, 7)).tolist(), "visibility": np.zeros((3, 6 + 17 + 1)).tolist()}
+    with pytest.raises(ValueError, match="each of"):  # a runtime applies the variant it computes: all three
+        check_calibration({"version": 1, "variants": {"plain": fit}}, 17)
+    good = check_calibration({"version": 1, "variants": {"plain": fit, "flip_average": fit, "flip_views": views}}, 17)
+    spec = ModelSpec(calibration=good)
+    assert ModelSpec.from_json(spec.to_json()).calibration == good
+    assert "calibration" not in ModelSpec().to_dict()  # files without one read as before
+    p, visibility = calibrated(good, "plain", np.zeros((2, 17, 4)))
+    assert p.shape == (2, 17) and np.allclose(p, 0.5) and visibility.dtype == np.int8
+
+
+# ---- slow: the demo model, int8 and OpenVINO ------------------------------------------------------
+
+@pytest.mark.slow  # trains the demo model (~70 s on 2 cores), calibrates on 300 held-out images
+def test_acceptance_on_the_demo_model_with_occluders(tmp_path):
+    import train
+    from vitpose.data.synthetic import make_coco
+
+    assert train.main(["--demo", "--work-dir", str(tmp_path), "--data-root", str(tmp_path / "data")]) == 0
+    make_coco(tmp_path / "held", 300, seed=11, split="val")
+    lines = []
+    run = calibrate(CalibrateOptions(model=str(tmp_path / "best.pth"), data=str(tmp_path / "held"), device="cpu"),
+                    log=lines.append)
+    figures = run.calibration["figures"]["flip_views"]
+    assert figures["ece_p"] <= 0.5 * figures["ece_score"], lines
+    # visibility: at least the majority class (the demo's occluders barely show in a heatmap: the
+    # margin docs/calibration.md states, with its interval, is small)
+    assert figures["visibility_accuracy"] >= figures["majority_accuracy"] - 1e-9, lines
+    assert figures["margin_interval"][1] > 0, lines
+
+
+@pytest.mark.slow  # the int8 export's AP gate, OpenVINO's conversion, a graph with the flip test: ~1 min
+def test_p_within_int8s_gate_and_equal_in_openvino_and_a_graph_with_the_flip_test(models, tmp_path, monkeypatch):
+    pytest.importorskip("openvino")
+    from vitpose.inference import quantize as Q
+
+    _, calibrated_file, _, held = models
+    images, boxes = _people(held)
+    eager = _open(calibrated_file)(images, boxes=boxes, channels="bgr")
+    xml, int8, inside = tmp_path / "ir" / "pose.xml", tmp_path / "pose.int8.onnx", tmp_path / "inside.onnx"
+    assert main(["export", "--model", str(calibrated_file), "--out", str(xml), "--gate-data", str(held)]) == 0
+    for a, b in zip(eager, _open(xml)(images, boxes=boxes, channels="bgr")):
+        np.testing.assert_allclose(a.keypoint_p, b.keypoint_p, atol=1e-4)
+        np.testing.assert_array_equal(a.keypoint_visibility, b.keypoint_visibility)
+    # the flip test inside the graph gives the average only: the `flip_average` fit, as eager's of that variant
+    assert main(["export", "--model", str(calibrated_file), "--out", str(inside), "--flip-test",
+                 "--gate-data", str(held)]) == 0
+    predictor = _open(inside)
+    assert not predictor.gives_views()
+
+    averaged = predictor(images, boxes=boxes, channels="bgr")
+    evidence = _open(calibrated_file).calibration_evidence(images, boxes, channels="bgr")
+    for a, e in zip(averaged, evidence):
+        p, visibility = calibrated(predictor.calibration, "flip_average", e["flip_average"][2])
+        np.testing.assert_allclose(a.keypoint_p, p, atol=1e-4)
+        np.testing.assert_array_equal(a.keypoint_visibility, visibility)
+    monkeypatch.setattr(Q, "INT8_MAX_AP_DIFFERENCE", 0.05)  # 40 images cannot resolve 0.005 (test_runtimes)
+    assert main(["export", "--model", str(calibrated_file), "--out", str(int8), "--precision", "int8",
+                 "--gate-data", str(held)]) == 0
+    got = _open(int8)(images, boxes=boxes, channels="bgr")
+    p_eager = np.concatenate([p.keypoint_p.ravel() for p in eager])
+    p_int8 = np.concatenate([p.keypoint_p.ravel() for p in got])
+    agree = np.mean(np.concatenate([a.keypoint_visibility.ravel() == b.keypoint_visibility.ravel()
+                                    for a, b in zip(eager, got)]))
+    assert np.mean(np.abs(p_eager - p_int8)) < 0.05 and agree >= 0.9
