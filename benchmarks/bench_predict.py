@@ -84,6 +84,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import peer_speed
 from rounds import alternate, cpu_note, load_note, ratios, spread, warm_up
 from safetensors.torch import save_file
 
@@ -692,8 +693,11 @@ def main():
                              "needs a trained model: --config and --weights)")
     parser.add_argument("--pipeline-frames", type=int, default=24)
     parser.add_argument("--batch-frames", type=int, default=8)
+    peer_speed.add_arguments(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.speed_peers:  # its own contestants and table: ours int8 against rtmlib and Ultralytics
+        return peer_speed.run(args, draw_weights, COCO_MINI)
     flip = not args.no_flip
     if (args.config is None) != (args.weights is None):
         raise SystemExit("--config and --weights go together (a trained model of that config)")
