@@ -4,6 +4,8 @@
                                        [--threads 2] [--no-flip] [--no-peers] [--pipeline]
     python benchmarks/bench_predict.py --config configs/demo.yaml --weights work_dirs/demo/best.pth \
         --data-root work_dirs/demo/synthetic_coco --no-peers        # a trained model: fp32 vs bf16
+    python benchmarks/bench_predict.py --speed-peers ...            # int8 students vs rtmlib, YOLO-pose
+                                                                    # (benchmarks/peer_speed.py)
 
 Trained model (`--config` + `--weights`, with `--data-root`: a COCO-layout root whose val split's
 images and detection boxes are the inputs): keypoint agreement between precisions then means
