@@ -4,6 +4,8 @@
                                        [--threads 2] [--no-flip] [--no-peers] [--pipeline]
     python benchmarks/bench_predict.py --config configs/demo.yaml --weights work_dirs/demo/best.pth \
         --data-root work_dirs/demo/synthetic_coco --no-peers        # a trained model: fp32 vs bf16
+    python benchmarks/bench_predict.py --speed-peers ...            # int8 students vs rtmlib, YOLO-pose
+                                                                    # (benchmarks/peer_speed.py)
 
 Trained model (`--config` + `--weights`, with `--data-root`: a COCO-layout root whose val split's
 images and detection boxes are the inputs): keypoint agreement between precisions then means
@@ -84,6 +86,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import peer_speed
 from rounds import alternate, cpu_note, load_note, ratios, spread, warm_up
 from safetensors.torch import save_file
 
@@ -692,8 +695,11 @@ def main():
                              "needs a trained model: --config and --weights)")
     parser.add_argument("--pipeline-frames", type=int, default=24)
     parser.add_argument("--batch-frames", type=int, default=8)
+    peer_speed.add_arguments(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.speed_peers:  # its own contestants and table: ours int8 against rtmlib and Ultralytics
+        return peer_speed.run(args, draw_weights, COCO_MINI)
     flip = not args.no_flip
     if (args.config is None) != (args.weights is None):
         raise SystemExit("--config and --weights go together (a trained model of that config)")

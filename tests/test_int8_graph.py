@@ -14,7 +14,7 @@ from torch import nn
 
 import vitpose
 from vitpose.inference import int8_graph
-from vitpose.models.heads import ClassicHead
+from vitpose.models.heads import ClassicHead, SimpleHead
 
 ort = pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
@@ -71,7 +71,28 @@ def test_the_layout_keeps_the_model_and_leaves_other_heads_alone():
     with torch.no_grad():
         torch.testing.assert_close(laid_out(x), model(x), rtol=0, atol=1e-5 * model(x).abs().max().item())
     simple = vitpose.build_model("vitpose-s", depth=1, embed_dim=96, num_heads=3, decoder="simple").eval()
-    assert type(int8_graph.int8_layout(simple).head) is type(simple.head)
+    laid_out = int8_graph.int8_layout(copy.deepcopy(simple))
+    assert isinstance(laid_out.head, int8_graph.LowResSimpleHead) and isinstance(simple.head, SimpleHead)
+
+
+@pytest.mark.parametrize("img_size", [(256, 192), (96, 112)], ids=["coco", "odd-grid"])
+def test_the_low_resolution_simple_head_is_the_simple_head(img_size):
+    """ReLU -> bilinear x4 -> 3x3 conv against the channel product first, then the fixed upsampling
+    products with each tap's shift and the zero padding (float64: only summation order differs)."""
+    torch.manual_seed(0)
+    model = vitpose.build_model("vitpose-s", depth=1, embed_dim=24, num_heads=2, decoder="simple",
+                                img_size=img_size).double().eval()
+    with torch.no_grad():
+        model.head.final_layer.weight.normal_(0, 0.3)
+        model.head.final_layer.bias.normal_(0, 0.3)
+        x = torch.randn(2, 3, *img_size, dtype=torch.float64)
+        expected = model(x)
+        laid_out = int8_graph.int8_layout(copy.deepcopy(model))
+        assert isinstance(laid_out.head, int8_graph.LowResSimpleHead)
+        torch.testing.assert_close(laid_out(x), expected, rtol=0, atol=1e-12)
+        # the shifts matter: without them (every tap at the centre) it is another function
+        laid_out.head.rows.copy_(laid_out.head.rows[1:2].expand_as(laid_out.head.rows))
+        assert (laid_out(x) - expected).abs().max() > 1e-3
 
 
 class _HeadOnly(nn.Module):

@@ -17,6 +17,7 @@ PARAMS_M = {
     "vitpose-b": (85.80, 90.00, 85.91),
     "vitpose-l": (303.30, 308.55, 303.45),
     "vitpose-h": (630.91, 637.21, 631.11),
+    "vitpose-n": (0.987, 2.434, 1.002),
 }
 TINY = dict(depth=2, embed_dim=64, num_heads=4)
 

@@ -14,6 +14,12 @@ MODEL_SIZES = {
     "vitpose-b": dict(embed_dim=768, depth=12, num_heads=12, drop_path_rate=0.3),
     "vitpose-l": dict(embed_dim=1024, depth=24, num_heads=16, drop_path_rate=0.5),
     "vitpose-h": dict(embed_dim=1280, depth=32, num_heads=16, drop_path_rate=0.55),
+    # The smallest student (simple decoder, int8 without the flip test): the size that kept RTMPose-t's
+    # people/s through rtmlib with a margin at 1 and 8 people on 2 threads, where the fixed costs of a
+    # one-person pass weigh most (benchmarks/bench_predict.py --speed-peers; against RTMPose-t with 1 /
+    # 8 people: 96 wide x 8 deep 1.65x / 1.9x, 128 x 6 1.12x / 1.7x, 128 x 8 0.88x / 1.59x). About 0.29 G
+    # multiply-adds a crop (RTMPose-t: 0.36 G).
+    "vitpose-n": dict(embed_dim=96, depth=8, num_heads=2, drop_path_rate=0.1),
 }
 DECODERS = ("classic", "simple")
 
