@@ -213,6 +213,12 @@ def test_the_command_writes_the_trc_and_the_errors(tmp_path, capsys):
     points = read_trc(refined)[2]
     assert np.nanmean(errors_mm(points.reshape(-1, 3), scene.truth)) < REFINED_BOUND_MM
 
+    # one person, the same track id in every camera: --match ids groups them as the epipolar gate does
+    by_ids = tmp_path / "ids.trc"
+    assert main(["triangulate", *files, "--calibration", str(tmp_path / "cams.toml"), "--out", str(by_ids),
+                 "--match", "ids"]) == 0
+    assert np.allclose(read_trc(by_ids)[2], read_trc(out)[2], equal_nan=True)
+
 
 def test_trc_reads_back_equal():
     rng = np.random.default_rng(0)
@@ -276,12 +282,14 @@ def test_two_people_are_told_apart_without_track_ids():
     ("field", "[cam_0] has no 'rotation'"),
     ("line", "cam2.jsonl:3: not a JSON line"),
     ("missing", "--calibration"),
+    ("ids", "--match ids: camera 1, frame 0: a record without 'track_id'"),
+    ("keypoints", "cam3.jsonl: 5 keypoints a record"),
 ])
 def test_bad_input_is_one_line(tmp_path, capsys, problem, expected):
     scene = synthetic_scene(cameras=4, frames=5)
-    files = write_inputs(tmp_path, scene)
+    files = write_inputs(tmp_path, scene, track_ids=problem != "ids")
     calibration = tmp_path / "cams.toml"
-    extra = []
+    extra = ["--match", "ids"] if problem == "ids" else []
     if problem == "count":
         files = files[:2]
     elif problem == "camera":
@@ -295,6 +303,8 @@ def test_bad_input_is_one_line(tmp_path, capsys, problem, expected):
         path.write_text("\n".join(lines) + "\n")
     elif problem == "missing":
         calibration = tmp_path / "none.toml"
+    elif problem == "keypoints":
+        Path(files[2]).write_text(json.dumps({"frame": 0, "keypoints": [1.0, 2.0, 0.9] * 5}) + "\n")
     status = main(["triangulate", *files, "--calibration", str(calibration), "--out", str(tmp_path / "p.trc"), *extra])
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2 and len(err) == 1 and expected in err[0], err

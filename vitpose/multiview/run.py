@@ -98,13 +98,17 @@ def triangulate_files(options: TriangulateOptions) -> TriangulateSummary:
     check_output(errors_path(options), "--errors", "file", inputs)
     cameras = chosen_cameras(options)
     views = [read_views(path) for path in options.views]
+    counts = [len(next(iter(view.values()))[0].weights) for view in views]
+    if len(set(counts)) > 1:
+        other = next(i for i, n in enumerate(counts) if n != counts[0])
+        raise UsageError(f"{options.views[other]}: {counts[other]} keypoints a record, {options.views[0]} has "
+                         f"{counts[0]}: the cameras' poses must come from the same model")
     for view in views:
         for detections in view.values():
             for d in detections:
                 d.weights = np.where(d.weights >= options.min_score, d.weights, 0.0)
     people = associate(views, cameras, options.match, options.max_epipolar)
-    count = len(next(iter(views[0].values()))[0].weights)
-    names = marker_names(options, count)
+    names = marker_names(options, counts[0])
     summary, csv_parts = TriangulateSummary(), []
     extrinsics = np.stack([c.extrinsics() for c in cameras])
     focal = np.stack([c.focal for c in cameras])
