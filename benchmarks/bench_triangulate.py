@@ -8,7 +8,7 @@ Every method sees the same keypoints: those with a score >= 0.3 (aniposelib gets
 NaN, as anipose's score threshold gives them). aniposelib runs in its own environment (it needs
 opencv-contrib): PYTHON is that environment's interpreter (default: ~/.cache/vitpose-tests/aniposelib,
 used when it exists). MPJPE is in millimetres over the points a method returned; `missing` is the
-share of points it left out. docs/3d.md §3 has the figures.
+share of points it left out; in brackets the MPJPE over the points every method returned. docs/3d.md §3 has the figures.
 """
 
 from __future__ import annotations
@@ -90,10 +90,10 @@ def aniposelib(scene, python: str) -> dict[str, np.ndarray]:
                 "aniposelib triangulate_ransac": np.load(folder / "ransac.npy")}
 
 
-def mpjpe(points: np.ndarray, truth: np.ndarray) -> tuple[float, float]:
-    """(MPJPE in mm over the points given, share of points missing)."""
+def mpjpe(points: np.ndarray, truth: np.ndarray, common: np.ndarray) -> tuple[float, float, float]:
+    """(MPJPE in mm over the points given, share of points missing, MPJPE over the `common` points)."""
     error = np.linalg.norm(points - truth.reshape(-1, 3), axis=1) * 1000
-    return float(np.nanmean(error)), float(np.isnan(error).mean())
+    return float(np.nanmean(error)), float(np.isnan(error).mean()), float(error[common].mean())
 
 
 def compare(cameras: int = 4, seed: int = 0, frames: int = 150, noise_px: float = 2.0, dropout: float = 0.1,
@@ -103,7 +103,8 @@ def compare(cameras: int = 4, seed: int = 0, frames: int = 150, noise_px: float 
     methods = ours(scene)
     if python:
         methods.update(aniposelib(scene, python))
-    return {name: mpjpe(points, scene.truth) for name, points in methods.items()}
+    common = np.logical_and.reduce([np.isfinite(points).all(1) for points in methods.values()])
+    return {name: mpjpe(points, scene.truth, common) for name, points in methods.items()}
 
 
 def main() -> None:
@@ -121,16 +122,16 @@ def main() -> None:
     for cameras in args.cameras:
         runs = [compare(cameras, seed, args.frames, args.noise_px, outlier_rate=args.outlier_rate, python=python)
                 for seed in range(args.seeds)]
-        table[cameras] = {name: (float(np.mean([r[name][0] for r in runs])), float(np.mean([r[name][1] for r in runs])))
-                          for name in runs[0]}
+        table[cameras] = {name: tuple(float(np.mean([r[name][i] for r in runs])) for i in range(3)) for name in runs[0]}
     outliers = f"last camera {100 * args.outlier_rate:.0f}% outliers 40-150 px" if args.outlier_rate else "no outliers"
     print(f"noise N(0, {args.noise_px}/score) px, 10% dropouts, {outliers}, "
-          f"{args.seeds} seeds x {args.frames} frames; MPJPE mm (missing %)")
+          f"{args.seeds} seeds x {args.frames} frames; MPJPE mm (missing %) [MPJPE over the points every method gave]")
     names = list(next(iter(table.values())))
     print("| method | " + " | ".join(f"{c} cameras" for c in table) + " |")
     print("|---|" + "---|" * len(table))
     for name in names:
-        print(f"| {name} | " + " | ".join(f"{table[c][name][0]:.1f} ({100 * table[c][name][1]:.1f}%)" for c in table) + " |")
+        print(f"| {name} | " + " | ".join(f"{table[c][name][0]:.1f} ({100 * table[c][name][1]:.1f}%) [{table[c][name][2]:.1f}]"
+                                          for c in table) + " |")
     print(json.dumps({str(c): v for c, v in table.items()}))
 
 

@@ -4,8 +4,8 @@ moving COCO-17 figure, 3-6 cameras with lens distortion, noise N(0, 2 px / score
 camera with 40% confident outliers 40-150 px away), the .trc read back, bad input in one line, and
 (slow) aniposelib's own triangulation on the same input.
 
-Bounds stated here (measured: docs/3d.md §3): MPJPE of `vitpose triangulate` below 35 mm and below
-the unweighted DLT's on the same points; with --refine below 15 mm.
+Bounds stated here (measured: docs/3d.md §3): MPJPE of `vitpose triangulate` below 40 mm and below
+0.6 times the unweighted DLT's on the same points; with --refine below 15 mm.
 """
 
 import json
@@ -27,7 +27,7 @@ from vitpose.multiview.views import read_views
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-MPJPE_BOUND_MM = 35.0
+MPJPE_BOUND_MM = 40.0
 REFINED_BOUND_MM = 15.0
 
 # aniposelib's CameraGroup.dump (the toml package: trailing commas, int sizes) and Pose2Sim's
@@ -324,6 +324,8 @@ def test_no_worse_than_aniposelib():
     python = tool_in_its_own_venv("VITPOSE_ANIPOSELIB_PYTHON", "python", ["aniposelib"], venv_name="aniposelib")
     for cameras in (3, 4, 6):
         figures = bench_triangulate.compare(cameras=cameras, seed=0, frames=60, python=python)
-        ours, theirs = figures["vitpose triangulate"][0], figures["aniposelib triangulate"][0]
-        assert ours <= theirs, (cameras, figures)
-        assert figures["vitpose triangulate --refine"][0] <= figures["aniposelib triangulate_ransac"][0], figures
+        ours, theirs = figures["vitpose triangulate"], figures["aniposelib triangulate"]
+        # over the points each gave, and over the points every method gave
+        assert ours[0] <= theirs[0] and ours[2] <= theirs[2], (cameras, figures)
+        refined, ransac = figures["vitpose triangulate --refine"], figures["aniposelib triangulate_ransac"]
+        assert refined[0] <= ransac[0] and refined[2] <= ransac[2], (cameras, figures)
