@@ -284,12 +284,13 @@ def test_two_people_are_told_apart_without_track_ids():
     ("missing", "--calibration"),
     ("ids", "--match ids: camera 1, frame 0: a record without 'track_id'"),
     ("keypoints", "cam3.jsonl: 5 keypoints a record"),
+    ("cutoff", "--cutoff must be in [0.1, 15] (half of --fps 30)"),
 ])
 def test_bad_input_is_one_line(tmp_path, capsys, problem, expected):
     scene = synthetic_scene(cameras=4, frames=5)
     files = write_inputs(tmp_path, scene, track_ids=problem != "ids")
     calibration = tmp_path / "cams.toml"
-    extra = ["--match", "ids"] if problem == "ids" else []
+    extra = {"ids": ["--match", "ids"], "cutoff": ["--refine", "--cutoff", "20"]}.get(problem, [])
     if problem == "count":
         files = files[:2]
     elif problem == "camera":

@@ -18,7 +18,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vitpose.errors import EXIT_OK, UsageError
+from vitpose.cli.options import check_numbers
+from vitpose.errors import EXIT_OK
 from vitpose.multiview.run import TriangulateOptions, triangulate_files
 
 
@@ -68,13 +69,10 @@ def names(text: str | None) -> tuple[str, ...]:
 
 def triangulate_options(args) -> TriangulateOptions:
     """The parsed flags, checked, as the library's options."""
-    for flag, value in (("--fps", args.fps), ("--cutoff", args.cutoff), ("--max-epipolar", args.max_epipolar)):
-        if not value > 0:
-            raise UsageError(f"{flag} must be > 0, got {value}")
-    if args.max_error < 0 or args.max_gap < 0 or not 0 <= args.min_score <= 1:
-        raise UsageError("--max-error and --max-gap must be >= 0, --min-score in [0, 1]")
-    if args.refine and args.cutoff >= args.fps / 2:
-        raise UsageError(f"--cutoff {args.cutoff} Hz must be below half of --fps {args.fps}")
+    check_numbers(("--fps", args.fps, 1, None), ("--min-score", args.min_score, 0.0, 1.0),
+                  ("--max-error", args.max_error, 0, None), ("--max-epipolar", args.max_epipolar, 1, None),
+                  ("--max-gap", args.max_gap, 0, None),
+                  ("--cutoff", args.cutoff, 0.1, args.fps / 2, f" (half of --fps {args.fps:g})"))
     return TriangulateOptions(
         views=tuple(args.views), calibration=args.calibration, out=args.out, errors=args.errors,
         cameras=names(args.cameras), fps=args.fps, units=args.units, up=args.up, min_score=args.min_score,
