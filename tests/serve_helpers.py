@@ -130,17 +130,20 @@ def venv_of_its_own(name: str, requirements: list[str], ready: Path | None = Non
     return venv
 
 
-def tool_in_its_own_venv(variable: str, command: str, requirements: list[str]) -> str:
+def tool_in_its_own_venv(variable: str, command: str, requirements: list[str], venv_name: str | None = None) -> str:
     """The command of a third-party tool a slow test drives (Label Studio, schemathesis), never installed
     into the project's environment: `$variable` when set, else the command on PATH, else installed
     once with pip into its own virtual environment under ~/.cache/vitpose-tests/ (`venv_of_its_own`;
-    the slow tier only; skipped with the reason where pip cannot reach the package index)."""
+    the slow tier only; skipped with the reason where pip cannot reach the package index). `venv_name`:
+    a library rather than a tool (aniposelib): its environment's folder, whose `command` (its python) is
+    never looked up on PATH."""
     import shutil
 
-    given = os.environ.get(variable) or shutil.which(command)
+    given = os.environ.get(variable) or (shutil.which(command) if venv_name is None else None)
     if given:
         return given
-    venv = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vitpose-tests" / command
-    venv_of_its_own(command, requirements, ready=venv / "bin" / command,
+    name = venv_name or command
+    venv = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vitpose-tests" / name
+    venv_of_its_own(name, requirements, ready=venv / "bin" / command,
                     hint=f" or set {variable}=/path/to/{command}")
     return str(venv / "bin" / command)

@@ -49,12 +49,13 @@ def test_every_command_is_a_subcommand_with_the_shared_options():
     for name, parser in commands.items():
         options = option_strings(parser)
         assert "--debug" in options, name  # every command reports errors the same way
-        if name not in ("plot", "import-annotations", "merge"):  # they read a work dir / an export / shards, no config
+        # they read a work dir / an export / shards / cameras' JSON Lines, no config
+        if name not in ("plot", "import-annotations", "merge", "triangulate"):
             assert {"--config", "--debug"} <= options, name
     for name in ("train", "evaluate", "tune"):
         assert set(cli.SHARED) <= option_strings(commands[name]), name
     # a command that has no config fields to set does not take --set (it would silently do nothing)
-    for name in ("predict", "export", "plot", "import-annotations", "merge"):
+    for name in ("predict", "export", "plot", "import-annotations", "merge", "triangulate"):
         assert "--set" not in option_strings(commands[name]), name
 
 

@@ -7,7 +7,7 @@ Each rule is checked on the package and, with a small planted example, shown abl
 - one module decodes image files, one reads video frames;
 - signal handlers are installed in at most three modules;
 - no module over 600 lines, no function over 80;
-- `vitpose merge --help` (and plot, import-annotations, convert) load no torch.
+- `vitpose merge --help` (and plot, import-annotations, convert, triangulate) load no torch.
 """
 
 import ast
@@ -169,7 +169,7 @@ def test_no_function_over_80_lines():
 # Light commands stay light
 
 
-@pytest.mark.parametrize("command", ["merge", "plot", "import-annotations", "convert"])
+@pytest.mark.parametrize("command", ["merge", "plot", "import-annotations", "convert", "triangulate"])
 def test_light_commands_do_not_import_torch(command):
     code = (f"import sys\nfrom vitpose.cli import main\ntry:\n    main([{command!r}, '--help'])\nexcept SystemExit:\n"
             f"    pass\nprint('torch' in sys.modules)")
