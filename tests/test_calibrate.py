@@ -230,6 +230,8 @@ def test_the_hand_skeleton_calibrates_with_its_pck_threshold(tmp_path):
     run = calibrate(CalibrateOptions(model=str(path), data=str(tmp_path / "held"), device="cpu"), log=lambda _: None)
     tolerance = run.calibration["tolerance"]
     assert tolerance == {"metric": "pck", "threshold": 0.2, "normalizer": "bbox"}
+    # no COCO AP to gate a rescoring on: recorded as not kept, with no gate figures invented
+    assert run.calibration["rescore_kept"] is False and "rescore" not in run.calibration
     spec = read_weights(run.out).spec
     assert np.asarray(spec.calibration["variants"]["flip_views"]["correct"]).shape[0] == 21
     # PCK's rule: within 0.2 of the box's longer side (100 px here), whatever the OKS would say
@@ -239,6 +241,151 @@ def test_the_hand_skeleton_calibrates_with_its_pck_threshold(tmp_path):
     predicted[0, :, 0] = np.linspace(0, 40, 21)
     right = right_within_tolerance(predicted, label, np.array([[0, 0, 50, 100]]), np.array([5000.0]), tolerance)
     np.testing.assert_array_equal(right[0], predicted[0, :, 0] <= 20)
+
+
+# ---- the seams: evaluation, the gate's verdict, refusals up front, the server, the Dask recipe ---
+
+def _evaluate_config(folder: Path, held: Path) -> Path:
+    """A training config of the fixture's 1-block model (`peaked_model_and_set`), its validation set the held-out one."""
+    cfg = {"model": {"name": "vitpose-s", "input_size": [48, 64], "heatmap_size": [12, 16], "sigma": 1.0,
+                     "extra": {"depth": 1, "embed_dim": 32, "num_heads": 2, "deconv_channels": [32, 32]}},
+           "data": {"root": str(held)}, "train": {"work_dir": str(folder / "work")}}
+    path = folder / "peaked.json"  # JSON is YAML
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+def test_evaluate_rescore_calibrated_reports_both_aps_and_the_gates_verdict(models, tmp_path, capsys):
+    """The evaluation loop applies the calibration through the runtimes' seam: its p and visibility
+    are the eager Predictor's on the same boxes, and `--rescore calibrated` prints both APs, the
+    interval and the verdict; a file without a calibration gives predictions without them."""
+    from vitpose.evaluation.predictions import load_predictions
+
+    plain, calibrated_file, _, held = models
+    config = _evaluate_config(tmp_path, held)
+    base = ["evaluate", "--config", str(config), "--gt-boxes", "--device", "cpu", "--workers", "0"]
+    assert main(base + ["--checkpoint", str(calibrated_file), "--rescore", "calibrated",
+                        "--out", str(tmp_path / "calibrated.json")]) == 0
+    printed = capsys.readouterr().out
+    (line,) = [x for x in printed.splitlines() if x.startswith("rescore calibrated on ")]
+    assert " vs raw " in line and "95% interval" in line and ("kept" in line.split("gate:")[1]), line
+    predictions = load_predictions(tmp_path / "calibrated.json")
+    assert all(p["keypoint_p"].shape == (17,) and p["keypoint_visibility"].dtype == np.int8 for p in predictions)
+    coco = json.loads((held / "annotations" / "person_keypoints_val2017.json").read_text())
+    files = {image["id"]: image["file_name"] for image in coco["images"]}
+    anns = {a["id"]: a for a in coco["annotations"]}
+    eager = _open(calibrated_file)
+    for image_id in sorted({p["image_id"] for p in predictions})[:4]:
+        mine = [p for p in predictions if p["image_id"] == image_id]
+        boxes = np.array([anns[p["id"]]["bbox"] for p in mine], np.float32)
+        got = eager(cv2.imread(str(held / "val2017" / files[image_id])), boxes=boxes, box_format="xywh", channels="bgr")
+        np.testing.assert_allclose(np.stack([p["keypoint_p"] for p in mine]), got.keypoint_p, atol=1e-4)
+        np.testing.assert_array_equal(np.stack([p["keypoint_visibility"] for p in mine]), got.keypoint_visibility)
+    assert main(base + ["--checkpoint", str(plain), "--out", str(tmp_path / "plain.json")]) == 0
+    capsys.readouterr()
+    assert not any("keypoint_p" in p for p in load_predictions(tmp_path / "plain.json"))
+    assert main(base + ["--checkpoint", str(plain), "--rescore", "calibrated", "--out", str(tmp_path / "x.json")]) == 2
+    assert "records no calibration" in capsys.readouterr().err
+
+
+def test_calibrate_records_the_gates_verdict_that_predict_reads(models):
+    """`vitpose calibrate` runs the rescoring gate on its held-out set (out-of-fold p) and records
+    its figures and its verdict under the one key `vitpose predict --rescore calibrated` reads."""
+    from types import SimpleNamespace
+
+    from vitpose.cli.predict import check_rescore_kept
+    from vitpose.evaluation.rescoring import RESCORE_KEPT, RescoreError, rescore_kept
+    from vitpose.models.checkpoint import read_weights
+
+    _, calibrated_file, run, _ = models
+    spec = read_weights(calibrated_file).spec
+    gate = spec.calibration["rescore"]
+    assert gate["ap_raw"] == spec.calibration["figures"]["ap"] and 0 <= gate["ap_rescored"] <= 1
+    low, high = gate["interval"]
+    assert low <= high and gate["images"] <= HELD_OUT_IMAGES and gate["bootstrap"] > 0
+    assert spec.calibration[RESCORE_KEPT] is gate[RESCORE_KEPT] is (low >= -gate["bound"])
+    assert rescore_kept(spec) is gate[RESCORE_KEPT]
+    assert any(line.startswith("rescore calibrated on ") for line in run.lines)
+    predictor = SimpleNamespace(spec=spec, model=None)
+    if gate[RESCORE_KEPT]:
+        check_rescore_kept(predictor)
+    else:
+        with pytest.raises(RescoreError, match=RESCORE_KEPT):
+            check_rescore_kept(predictor)
+
+
+def test_mark_below_by_p_without_a_calibration_is_refused_before_any_work(models, tmp_path, capsys, monkeypatch):
+    """predict, select and serve refuse `--mark-below-by p` for a model without a calibration as
+    soon as the model is open: one line naming the flag, exit 2, nothing predicted or written."""
+    from vitpose.inference import dispatch
+    from vitpose.labelling import select as select_module
+    from vitpose.serve import server
+
+    def never(*args, **kwargs):
+        raise AssertionError("the work started")
+
+    monkeypatch.setattr(dispatch, "run_local", never)
+    monkeypatch.setattr(select_module, "select_frames", never)
+    monkeypatch.setattr(server, "run", never)
+    plain, calibrated_file, _, held = models
+    image = sorted((held / "val2017").glob("*.jpg"))[0]
+    commands = [
+        ["predict", str(image), "--model", str(plain), "--detector", "full-frame", "--device", "cpu",
+         "--format", "cvat", "--json", str(tmp_path / "tasks.xml"), "--mark-below-by", "p"],
+        ["select", str(image.parent), "--model", str(plain), "--detector", "full-frame", "--device", "cpu",
+         "--count", "1", "--out", str(tmp_path / "tasks.json"), "--mark-below-by", "p"],
+        ["serve", "--model", str(plain), "--detector", "full-frame", "--device", "cpu", "--port", "0",
+         "--mark-below-by", "p"],
+    ]
+    for argv in commands:
+        code = main(argv)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and "--mark-below-by p" in err[0] and "calibrat" in err[0], (argv[0], err)
+    assert not any(tmp_path.iterdir())
+    monkeypatch.undo()
+    assert main(commands[0][:3] + [str(calibrated_file)] + commands[0][4:]) == 0  # a calibrated model's p
+    assert (tmp_path / "tasks.xml").is_file()
+
+
+def test_the_model_route_says_whether_the_model_is_calibrated(models, serve):
+    from test_serve_seams import call
+
+    from vitpose.evaluation.rescoring import RESCORE_KEPT
+
+    plain, calibrated_file, run, _ = models
+    app, _ = serve(_open(calibrated_file))
+    status, _, answer, _ = call(app, "GET", "/v1/model")
+    assert status == 200 and answer["calibration"]["calibrated"] is True, answer
+    assert answer["calibration"]["tolerance"]["metric"] == "oks"
+    assert answer["calibration"]["fitted_on"]["people"] == run.calibration["fitted_on"]["people"]
+    assert answer["calibration"][RESCORE_KEPT] is run.calibration[RESCORE_KEPT]
+    app, _ = serve(_open(plain))
+    status, _, answer, _ = call(app, "GET", "/v1/model")
+    assert status == 200 and answer["calibration"] == {"calibrated": False}
+
+
+def test_the_readmes_dask_recipe_gives_a_calibrated_models_p(models, tmp_path, monkeypatch):
+    """README's Dask recipe as written, on a calibrated model file: its records carry the eager p."""
+    dask = pytest.importorskip("dask")
+    from test_docs_run import python_blocks
+
+    _, calibrated_file, _, held = models
+    (code,) = [c for _, c, _ in python_blocks((REPO / "README.md").read_text(encoding="utf-8")) if "dask.bag" in c]
+    assert '"work_dirs/demo/best.pth"' in code
+    (tmp_path / "images").symlink_to(held / "val2017", target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    namespace = {"__name__": "__docs__"}
+    with dask.config.set(scheduler="threads"):  # the recipe's own code; threads instead of processes
+        exec(compile(code.replace('"work_dirs/demo/best.pth"', repr(str(calibrated_file))), "README.md", "exec"),
+             namespace)  # noqa: S102 - the documentation's own code
+    records = namespace["records"]
+    assert records and all(len(r["p"]) == len(r["visibility"]) == len(r["keypoints"]) // 3 for r in records)
+    first = min(records, key=lambda r: r["file_name"])
+    import vitpose
+
+    eager = vitpose.Predictor.from_pretrained(str(calibrated_file), detector="full-frame", device="cpu")
+    poses = eager(cv2.imread(str(tmp_path / "images" / first["file_name"]))[:, :, ::-1])
+    np.testing.assert_allclose(first["p"], poses.keypoint_p[0], atol=1e-6)
 
 
 # ---- the numbers themselves ---------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """The calibrated fields (`p`, `visibility`) through every writer and reader of prediction records
-(docs/calibrated_outputs.md): Label Studio and CVAT pre-annotations and their imports, the COCO
+(docs/calibration.md §5): Label Studio and CVAT pre-annotations and their imports, the COCO
 results readers, `--mark-below` by p, and records without the fields exactly as before."""
 
 import json

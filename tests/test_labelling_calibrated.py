@@ -1,5 +1,5 @@
 """`vitpose select` and `vitpose audit` with a calibrated model's `p` and `visibility`
-(docs/calibrated_outputs.md), and exactly as before without them."""
+(docs/calibration.md §5.5), and exactly as before without them."""
 
 import numpy as np
 import pytest

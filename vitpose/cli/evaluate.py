@@ -70,7 +70,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--rescore", choices=("none", "calibrated"), default="none",
                    help="calibrated: also score people from a calibrated model's keypoint p and report both APs, the "
                         "paired bootstrap interval of the difference and whether the gate keeps the rescoring "
-                        "(docs/calibrated_outputs.md; default: %(default)s)")
+                        "(docs/calibration.md §5.6; default: %(default)s)")
     p.add_argument("--vis", type=Path, default=None, help="write pose drawings (PNG) of the first images here")
     p.add_argument("--vis-num", type=int, default=10, help="how many images --vis draws (default: %(default)s)")
     p.set_defaults(run=run)
@@ -128,6 +128,9 @@ def evaluate_checkpoint(args) -> dict:
     if skeleton.metric == "pck" and args.bbox_file is not None:
         raise UserError(f"--bbox-file: the skeleton {skeleton.name!r} is scored with PCK, which compares each "
                         "annotated instance with its prediction on the ground-truth box; leave out --bbox-file")
+    if skeleton.metric != "coco-oks" and args.rescore == "calibrated":
+        raise UsageError(f"--rescore calibrated is gated on COCO AP; the skeleton {skeleton.name!r} is scored with "
+                         f"{skeleton.metric.upper()}: leave out the flag")
     bbox_file = None if args.gt_boxes else (args.bbox_file or val_bbox_path(cfg, root))
     ann_file = root / cfg.data.val_ann
     if not ann_file.is_file():
@@ -159,7 +162,7 @@ def evaluate_checkpoint(args) -> dict:
                         num_workers=workers, pin_memory=device.type == "cuda", persistent_workers=False)
     start = time.perf_counter()
     predictions = predict(model, loader, codec, flip_test=flip, device=device, amp_dtype=amp_dtype,
-                          flip_indices=skeleton.flip_indices)
+                          flip_indices=skeleton.flip_indices, calibration=getattr(loaded.spec, "calibration", None))
     seconds = time.perf_counter() - start
     print(f"predicted : {len(predictions)} crops in {seconds:.1f} s ({len(predictions) / max(seconds, 1e-9):.1f} crops/s)")
 

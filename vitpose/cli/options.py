@@ -129,6 +129,16 @@ def add_mark_by_argument(parser: argparse.ArgumentParser) -> None:
                              "model without a calibration; default: %(default)s)")
 
 
+def check_mark_by(predictor, mark_by: str, flag: str = "--mark-below-by") -> None:
+    """`--mark-below-by p` only for a model with a calibration, refused from the opened model's
+    recorded calibration before any image is predicted (not when the pre-annotations are written)."""
+    from vitpose.errors import UsageError
+
+    if mark_by == "p" and getattr(predictor, "calibration", None) is None:
+        raise UsageError(f"{flag} p: the model records no calibration, so it gives no calibrated 'p'; run `vitpose "
+                         f"calibrate` on it, or mark by the raw score ({flag} score, or auto)")
+
+
 def check_numbers(*rules) -> None:
     """Numeric flags inside their ranges, each rule `(flag, value, low, high[, note])` (None: no
     bound; a value None: not given); the first outside is one line naming it: `--flag must be >= LOW`

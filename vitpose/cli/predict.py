@@ -42,7 +42,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vitpose.cli.options import add_mark_by_argument, add_model_arguments, check_numbers, model_options, open_model
+from vitpose.cli.options import (
+    add_mark_by_argument,
+    add_model_arguments,
+    check_mark_by,
+    check_numbers,
+    model_options,
+    open_model,
+)
 from vitpose.errors import UsageError
 from vitpose.inference.dispatch import check_outputs, read_boxes  # noqa: F401 - public here too
 from vitpose.inference.images import drawing_names, output_names, predict_images  # noqa: F401 - public here too
@@ -94,7 +101,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--rescore", choices=("none", "calibrated"), default="none",
                    help="calibrated: each person's score from its keypoints' calibrated p (box score x mean p above "
                         "0.2), only for a model whose calibration records that the AP gate kept it (`vitpose evaluate "
-                        "--rescore calibrated` measures it; docs/calibrated_outputs.md; default: %(default)s)")
+                        "--rescore calibrated` measures it; docs/calibration.md §5.6; default: %(default)s)")
     p.add_argument("--track", action="store_true", help="video: stable person ids (track_id)")
     p.add_argument("--smooth", nargs="?", const="live", default=None, action=SmoothAction, metavar="live|offline",
                    help="video: less keypoint jitter per track. live (the default of a bare --smooth): the causal "
@@ -206,7 +213,7 @@ def _check_flags(args) -> None:
 
 def check_rescore_kept(predictor) -> None:
     """`--rescore calibrated` only for a model whose recorded calibration says the AP gate kept it."""
-    from vitpose.evaluation.rescoring import RescoreError, rescore_kept
+    from vitpose.evaluation.rescoring import RESCORE_KEPT, RescoreError, rescore_kept
 
     spec, model = getattr(predictor, "spec", None), getattr(predictor, "model", None)
     if spec is None and model is not None:  # a Predictor: the spec its loaded model carries
@@ -215,7 +222,7 @@ def check_rescore_kept(predictor) -> None:
         spec = getattr(unwrap_model(model), "spec", None)
     if not rescore_kept(spec):
         raise RescoreError("--rescore calibrated: the model file records no calibration whose rescoring the AP gate "
-                           "kept (rescore_kept); `vitpose calibrate` fits one, `vitpose evaluate --rescore calibrated` "
+                           f"kept ({RESCORE_KEPT}); `vitpose calibrate` fits one, `vitpose evaluate --rescore calibrated` "
                            "measures it; leave out the flag")
 
 
@@ -229,6 +236,7 @@ def run(args) -> int:
     if run.spawn:
         return sharded.spawn_shards(run.options)
     predictor = build_predictor(run.options.model)
+    check_mark_by(predictor, run.options.mark_by)
     if run.options.rescore == "calibrated":
         check_rescore_kept(predictor)
     if run.options.engine == "ray":  # the model runs in Ray's actors; opened here first all the same, so

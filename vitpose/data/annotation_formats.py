@@ -20,7 +20,7 @@ Out (`vitpose predict --format labelstudio|cvat`): `to_labelstudio_tasks(records
 §4; by `p` where the records carry it, `MARK_BY`). The calibrated fields go out as each tool marks
 a point's state (Label Studio: the per-region occlusion choice, `meta.p`; CVAT: `occluded` /
 `outside`, the `p_permille` attribute) and come back from the readers (`DraftPerson.p`, the COCO
-file's `p`; docs/calibrated_outputs.md).
+file's `p`; docs/calibration.md §5.2, §5.3).
 
 A malformed export raises `AnnotationFormatError`: one line naming the file, the task or image
 and the field. That includes what a tool's UI cannot make but an edited or API-made export can hold:

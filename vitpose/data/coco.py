@@ -225,6 +225,8 @@ class CocoKeypoints(Dataset):
         crop, _, scale_fixed, _ = T.topdown_affine(image, center, self.index.scale[i], 0.0, self.input_size)
         sample = self.sample_meta(i, center, scale_fixed)
         sample["image"] = image_tensor(crop)
+        # (w, h): where a keypoint lies in its image is a feature of a calibrated model's p
+        sample["image_size"] = torch.tensor(self.index.image_size(i), dtype=torch.int64)
         return sample
 
     def _train_sample_with_substitutes(self, i, epoch):

@@ -252,7 +252,7 @@ def to_cvat_xml(records, keypoint_names, limbs=(), *, mark_below: float = DEFAUL
     from 0 in lexical name order, as CVAT numbers a task's images (its upload matches by name, then
     by this number); coordinates have CVAT's 2 decimals. `limbs`: 0-based keypoint index pairs.
 
-    Records with the calibrated fields (docs/calibrated_outputs.md) say the state themselves:
+    Records with the calibrated fields (docs/calibration.md §5.3) say the state themselves:
     `occluded="1"` is visibility 1 and `outside="1"` visibility 0, as CVAT marks them; `p` is the
     point's `p_permille` attribute (CVAT's number attributes hold whole numbers: p x 1000,
     rounded), and a point to check (below the threshold, or moved onto the image) gets the

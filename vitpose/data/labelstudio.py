@@ -296,7 +296,7 @@ def to_labelstudio_tasks(records, keypoint_names, *, mark_below: float = DEFAULT
     carry a `meta.text` note instead of being dropped. The image URL is `image_prefix` + the file
     name percent-encoded (`labelstudio_image_url`).
 
-    Records with the calibrated fields (docs/calibrated_outputs.md): each keypoint's `p` is its
+    Records with the calibrated fields (docs/calibration.md §5.2): each keypoint's `p` is its
     region's `meta.p` (Label Studio keeps a region's meta through correction and export); an
     occluded keypoint (visibility 1) gets the per-region choice `occluded_choice` of the
     `visibility_control` `<Choices perRegion>` (§2.4, what the import reads back as v = 1; None: a

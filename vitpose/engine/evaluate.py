@@ -9,6 +9,11 @@ same helpers as
 
 On CUDA the host decode of batch n overlaps the device forward of batch n + 1: the heatmaps are
 copied back asynchronously and only waited for one batch later.
+
+A calibrated model (`calibration=`, its `ModelSpec.calibration`) also gives each prediction
+`keypoint_p` and `keypoint_visibility` through the seam every runtime passes
+(`vitpose.inference.pipeline.calibrated_views`: the flip test's two views apart, or the plain
+view without the flip test); its keypoints and scores are the same as without it.
 """
 
 from __future__ import annotations
@@ -18,9 +23,12 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import torch
 
+from vitpose.codecs.confidence import variant_of
 from vitpose.codecs.decode import decode_to_image
+from vitpose.data.geometry import bbox_xywh2xyxy
 from vitpose.evaluation.coco_evaluator import STAT_NAMES
-from vitpose.topdown import forward_heatmaps
+from vitpose.inference.pipeline import calibrated_views, decode_views
+from vitpose.topdown import forward_flip_views, forward_heatmaps
 
 
 def _numpy(value, dtype=None) -> np.ndarray:
@@ -48,13 +56,31 @@ def _batch_meta(batch: dict) -> dict:
         meta["bbox"] = _numpy(batch["bbox"], np.float64)
     if "category_id" in batch:  # AP-10K: one category per animal family, scored per category
         meta["category_id"] = _numpy(batch["category_id"]).astype(np.int64)
+    if "image_size" in batch:
+        meta["image_size"] = _numpy(batch["image_size"], np.float64)
     return meta
 
 
-def _decode(heatmaps: torch.Tensor, ready, meta: dict, codec) -> list[dict]:
+def _scene(meta: dict):
+    """(image sizes (N, 2), person boxes (N, 4) xyxy) of a batch: `calibrated_views`' scene."""
+    missing = [k for k in ("image_size", "bbox") if k not in meta]
+    if missing:
+        raise KeyError(f"batch lacks {missing}, which a calibrated model's p needs (the keys of a CocoKeypoints "
+                       f"validation sample)")
+    return meta["image_size"], bbox_xywh2xyxy(np.asarray(meta["bbox"], np.float64))
+
+
+def _decode(heatmaps, ready, meta: dict, codec, calibration=None, variant: str = "plain") -> list[dict]:
+    """heatmaps: one tensor (N, K, H, W), or a calibrated model's views (`forward_flip_views`' three
+    or the plain one) -> the prediction dicts."""
     if ready is not None:
         ready.synchronize()
-    keypoints, scores = decode_to_image(codec, heatmaps.numpy(), meta["center"], meta["scale"])
+    p = visibility = None
+    if calibration is None:
+        keypoints, scores = decode_to_image(codec, heatmaps.numpy(), meta["center"], meta["scale"])
+    else:
+        decoded = decode_views(codec, [h.numpy() for h in heatmaps], meta["center"], meta["scale"], sharpness=True)
+        keypoints, scores, p, visibility = calibrated_views(calibration, decoded, meta["scale"], _scene(meta), variant)
     predictions = []
     for i in range(len(keypoints)):
         pred = {"id": int(meta["id"][i]), "image_id": int(meta["image_id"][i]),
@@ -64,13 +90,15 @@ def _decode(heatmaps: torch.Tensor, ready, meta: dict, codec) -> list[dict]:
             pred["bbox"] = meta["bbox"][i]
         if "category_id" in meta:
             pred["category_id"] = int(meta["category_id"][i])
+        if p is not None:
+            pred["keypoint_p"], pred["keypoint_visibility"] = p[i], visibility[i]
         predictions.append(pred)
     return predictions
 
 
 @torch.no_grad()
 def predict(model, batches: Iterable[dict], codec, flip_test: bool = True, device=None, amp_dtype=None,
-            flip_indices: Sequence[int] | None = None) -> list[dict]:
+            flip_indices: Sequence[int] | None = None, calibration=None) -> list[dict]:
     """Prediction dicts (docs/evaluation.md §3) for every instance of `batches`.
 
     batches: dicts of batched CocoKeypoints samples ("image" uint8 (B, 3, h, w) RGB, "id",
@@ -79,6 +107,8 @@ def predict(model, batches: Iterable[dict], codec, flip_test: bool = True, devic
         `flip_shift`, which also says whether the flip test shifts the flipped-back maps).
     device: where the model runs (default: the device of its parameters).
     amp_dtype: torch.bfloat16 / torch.float16 for autocast, None for full precision.
+    calibration: the model's recorded calibration (`ModelSpec.calibration`): each prediction also
+        gets `keypoint_p` (K,) and `keypoint_visibility` (K,), as `vitpose.Predictor` gives them.
     Returns the local process's predictions; gathering across processes is the caller's job.
     The model runs in eval mode and is put back into its previous mode afterwards.
     """
@@ -87,29 +117,41 @@ def predict(model, batches: Iterable[dict], codec, flip_test: bool = True, devic
     device = torch.device(device)
     was_training = model.training
     model.eval()
+    variant = variant_of(flip_test, flip_test)  # the two views apart with the flip test, else the plain view
     predictions: list[dict] = []
     pending = None  # the previous batch, decoded while the device works on the next one
     try:
         for batch in batches:
             meta = _batch_meta(batch)
             images = batch["image"].to(device, non_blocking=True)
-            heatmaps = forward_heatmaps(model, images, flip_test, amp_dtype, flip_indices,
-                                        getattr(codec, "flip_shift", None))
+            shift = getattr(codec, "flip_shift", None)
+            if calibration is None:
+                heatmaps = forward_heatmaps(model, images, flip_test, amp_dtype, flip_indices, shift)
+            elif flip_test:  # the flip test's two views apart: the eager Predictor's features
+                heatmaps = forward_flip_views(model, images, amp_dtype, flip_indices, shift)
+            else:
+                heatmaps = (forward_heatmaps(model, images, False, amp_dtype, flip_indices, shift),)
             ready = None
             if device.type == "cuda":
-                heatmaps = heatmaps.to("cpu", non_blocking=True)
+                heatmaps = _to_host(heatmaps, non_blocking=True)
                 ready = torch.cuda.Event()
                 ready.record()
             else:
-                heatmaps = heatmaps.cpu()
+                heatmaps = _to_host(heatmaps)
             if pending is not None:
-                predictions.extend(_decode(*pending, codec))
+                predictions.extend(_decode(*pending, codec, calibration, variant))
             pending = (heatmaps, ready, meta)
         if pending is not None:
-            predictions.extend(_decode(*pending, codec))
+            predictions.extend(_decode(*pending, codec, calibration, variant))
     finally:
         model.train(was_training)
     return predictions
+
+
+def _to_host(heatmaps, non_blocking: bool = False):
+    if isinstance(heatmaps, torch.Tensor):
+        return heatmaps.to("cpu", non_blocking=non_blocking)
+    return tuple(h.to("cpu", non_blocking=non_blocking) for h in heatmaps)
 
 
 def evaluate_model(model, batches: Iterable[dict], evaluator, codec, flip_test: bool = True, device=None,

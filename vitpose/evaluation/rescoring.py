@@ -14,8 +14,8 @@ takes the paired bootstrap interval of AP(rescored) - AP(raw) over the images
 only where the interval's lower end is above -`RESCORE_MAX_AP_DROP`: the data rule out a drop
 larger than the bound (so a set too small to resolve the bound keeps nothing). `vitpose evaluate
 --rescore calibrated` prints the report; a model file whose calibration records `rescore_kept:
-true` (what the gate said when it was fitted) is the only one `vitpose predict --rescore
-calibrated` rescores (`rescore_kept`). docs/calibrated_outputs.md.
+true` (`RESCORE_KEPT`: what the gate said on the held-out set `vitpose calibrate` fitted on) is
+the only one `vitpose predict --rescore calibrated` rescores (`rescore_kept`). docs/calibration.md.
 """
 
 from __future__ import annotations
@@ -28,13 +28,16 @@ import numpy as np
 from vitpose.codecs import instance_scores
 from vitpose.errors import UsageError
 
-__all__ = ["RESCORE_BOOTSTRAP", "RESCORE_FLOOR", "RESCORE_MAX_AP_DROP", "RESCORE_MODES", "RescoreError",
+__all__ = ["RESCORE_BOOTSTRAP", "RESCORE_FLOOR", "RESCORE_KEPT", "RESCORE_MAX_AP_DROP", "RESCORE_MODES", "RescoreError",
            "RescoreReport", "calibrated_instance_scores", "rescore_gate", "rescore_kept", "rescored_records"]
 
 RESCORE_MODES = ("none", "calibrated")
 RESCORE_FLOOR = 0.2  # the keypoints whose p is above this count (MMPose's keypoint_score_thr)
 RESCORE_MAX_AP_DROP = 0.005  # the most AP the rescoring may be shown to cost (int8's bound)
 RESCORE_BOOTSTRAP = 200  # paired resamples of the images (as the int8 gate)
+# the key of a recorded calibration (`ModelSpec.calibration`) that `vitpose calibrate` writes and
+# `vitpose predict --rescore calibrated` reads: the gate's verdict on the held-out set
+RESCORE_KEPT = "rescore_kept"
 
 
 class RescoreError(UsageError):
@@ -63,9 +66,9 @@ def rescored_records(records: list[dict], floor: float = RESCORE_FLOOR, flag: st
 
 def rescore_kept(spec) -> bool:
     """Whether a model's recorded calibration says the gate kept its rescoring: the optional key
-    `rescore_kept: true` of the spec's `calibration` (a ModelSpec attribute or a dict's key)."""
+    `rescore_kept: true` (`RESCORE_KEPT`) of the spec's `calibration` (a ModelSpec attribute or a dict's key)."""
     calibration = spec.get("calibration") if isinstance(spec, dict) else getattr(spec, "calibration", None)
-    return isinstance(calibration, dict) and calibration.get("rescore_kept") is True
+    return isinstance(calibration, dict) and calibration.get(RESCORE_KEPT) is True
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,7 @@ class RescoreReport:
 
     def as_dict(self) -> dict:
         return {"ap_raw": self.ap_raw, "ap_rescored": self.ap_rescored, "interval": list(self.interval),
-                "images": self.images, "bound": self.bound, "bootstrap": self.bootstrap, "rescore_kept": self.kept}
+                "images": self.images, "bound": self.bound, "bootstrap": self.bootstrap, RESCORE_KEPT: self.kept}
 
 
 def rescore_gate(evaluator, predictions: list[dict], bootstrap: int = RESCORE_BOOTSTRAP, seed: int = 0,

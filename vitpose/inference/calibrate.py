@@ -8,7 +8,10 @@ type P(right) (logistic, never decreasing in the peak) and the three-state visib
 (multinomial) for every variant of `vitpose.codecs.confidence`, measures them out of fold
 (`vitpose.inference.calibration_report`), and writes a copy of the model file whose recorded
 `ModelSpec.calibration` holds the fit and the data it was fitted on (file, SHA-256, counts).
-Every runtime then applies it (`vitpose.inference.pipeline.TopDown`).
+Every runtime then applies it (`vitpose.inference.pipeline.TopDown`). On an OKS skeleton it also
+runs the rescoring gate (`vitpose.evaluation.rescoring.rescore_gate`) on the held-out predictions
+with their out-of-fold p and records its figures (`rescore`) and verdict (`RESCORE_KEPT`), which
+`vitpose predict --rescore calibrated` reads.
 """
 
 from __future__ import annotations
@@ -29,10 +32,11 @@ from vitpose.codecs.confidence import (
     type_columns,
 )
 from vitpose.errors import UserError
+from vitpose.evaluation.rescoring import RESCORE_KEPT
 from vitpose.inference.calibration_report import expected_calibration_error, reliability_diagram, visibility_figures
 
-__all__ = ["CalibrateOptions", "CalibrationDataError", "CalibrationRun", "calibrate", "default_out", "fit_calibration",
-           "right_within_tolerance", "tolerance_of"]
+__all__ = ["CalibrateOptions", "CalibrationDataError", "CalibrationRun", "calibrate", "calibration_summary", "default_out",
+           "fit_calibration", "gate_rescoring", "right_within_tolerance", "tolerance_of"]
 
 OKS_LEVEL = 0.5  # a keypoint is right when its similarity to the label is at least this (AP50's per keypoint)
 FOLDS = 5  # the figures are measured out of fold: no image judges the fit it taught
@@ -288,9 +292,13 @@ def calibrate(options: CalibrateOptions, log=print) -> CalibrationRun:
                    "fitted_on": {"file": str(ann_file), "sha256": _sha256(ann_file), "images": collected["images"],
                                  "people": collected["people"], "keypoints": int(len(right))},
                    "figures": figures}
-    ap = average_precision(ann_file, collected["predictions"], tolerance)
-    if ap is not None:
-        figures["ap"] = ap  # the model's, with or without p
+    gate = gate_rescoring(ann_file, collected["predictions"], p.reshape(-1, collected["num_keypoints"]), tolerance,
+                          options.seed)
+    calibration[RESCORE_KEPT] = gate is not None and gate.kept
+    if gate is not None:
+        figures["ap"] = gate.ap_raw  # the model's, with or without p
+        calibration["rescore"] = gate.as_dict()
+    ap = None if gate is None else gate.ap_raw
     spec = loaded.spec.replace(calibration=calibration)
     write_calibrated(loaded, spec, out)
     what = (f"within PCK@{tolerance['threshold']}" if tolerance["metric"] == "pck"
@@ -300,24 +308,40 @@ def calibrate(options: CalibrateOptions, log=print) -> CalibrationRun:
               f"(right: {what}; {right.mean():.3f} of the keypoints); out of {FOLDS} folds:"]
     same = "the same with and without p: p and visibility are added beside the keypoints and scores, which stay the model's"
     footer = [f"AP {ap:.4f} on the labels' boxes, {same}" if ap is not None else f"AP: {same}",
+              *(gate.lines() if gate is not None else ["rescore calibrated: not gated (gated on COCO AP; this skeleton "
+                                                       "is scored with PCK): not kept"]),
               f"wrote {out} and the reliability diagram {plot}"]
     for line in header + lines + footer:
         log(line)
     return CalibrationRun(calibration, out, plot, header + lines + footer)
 
 
-def average_precision(ann_file: Path, predictions: list, tolerance: dict) -> float | None:
-    """COCO AP of the predictions on the labels' boxes (an OKS skeleton's; None for PCK): what the
-    model scores with or without its calibration, which changes no keypoint and no score."""
+def gate_rescoring(ann_file: Path, predictions: list, p: np.ndarray, tolerance: dict, seed: int = 0):
+    """`rescore_gate`'s report on the held-out predictions on the labels' boxes, each with its
+    out-of-fold p (N, K) (no image's p comes from a fit it taught); None for a PCK skeleton (the
+    gate is of COCO AP). Its `ap_raw` is the model's AP with or without the calibration, which
+    changes no keypoint and no score."""
     import warnings
 
     from vitpose.evaluation.coco_evaluator import CocoEvaluator
+    from vitpose.evaluation.rescoring import rescore_gate
 
     if tolerance["metric"] != "oks" or not predictions:
         return None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return float(CocoEvaluator(ann_file, sigmas=tolerance["sigmas"]).evaluate(predictions)["AP"])
+        evaluator = CocoEvaluator(ann_file, sigmas=tolerance["sigmas"])
+        return rescore_gate(evaluator, [{**pred, "keypoint_p": row} for pred, row in zip(predictions, p)], seed=seed)
+
+
+def calibration_summary(calibration) -> dict:
+    """What `vitpose serve`'s /v1/model says of a model's recorded calibration: whether its records
+    carry `p` and `visibility`, what "right" means, the data it was fitted on and the gate's verdict
+    (`RESCORE_KEPT`)."""
+    if calibration is None:
+        return {"calibrated": False}
+    return {"calibrated": True, "tolerance": calibration.get("tolerance"), "fitted_on": calibration.get("fitted_on"),
+            RESCORE_KEPT: calibration.get(RESCORE_KEPT) is True}
 
 
 def write_calibrated(loaded, spec, out: Path) -> Path:

@@ -29,8 +29,8 @@ from vitpose.errors import UserError
 from vitpose.inference.results import Detections, FlipViews, Poses, StageTimer
 from vitpose.run.sources import IMAGE_SUFFIXES, VIDEO_SUFFIXES, classify_source  # noqa: F401 - their old home
 
-__all__ = ["BoxError", "BoxTable", "TopDown", "classify_source", "coco_records", "image_ids", "read_boxes_file",
-           "read_records"]
+__all__ = ["BoxError", "BoxTable", "TopDown", "calibrated_views", "classify_source", "coco_records", "decode_views",
+           "image_ids", "read_boxes_file", "read_records"]
 
 _COCO_ID = re.compile(r"[0-9]+")  # ASCII digits only: "²" is a digit to str.isdigit, not to int()
 # A caller's box may reach past the image (a person at its edge), but one that misses the image
@@ -196,11 +196,8 @@ class TopDown:
         views = self.gives_views()
         network = self.run_network_views if views else (lambda batch: (self.run_network(batch),))
         decoded = self._decode_views(crops, center, fixed_scale, network, sharpness=True)
-        variant = variant_of(views, self.flip_test)
-        keypoints, scores, features = variant_features(decoded, fixed_scale, scene, variant)
         with self.timer.stage("calibrate"):
-            p, visibility = calibrated(self.calibration, variant, features)
-        return keypoints, scores, p, visibility
+            return calibrated_views(self.calibration, decoded, fixed_scale, scene, variant_of(views, self.flip_test))
 
     def calibration_evidence(self, images, boxes, box_format: str = "xyxy", channels: str = "rgb") -> list[dict]:
         """What `vitpose calibrate` fits on: per image {variant: (keypoints (M, K, 2), scores (M, K),
@@ -230,14 +227,12 @@ class TopDown:
             with self.timer.stage("pose"):
                 outputs = network(crops[start:stop])
             with self.timer.stage("decode heatmaps"):
-                views = views or [([], [], []) for _ in outputs]
-                for (keypoints, scores, sharp), heatmaps in zip(views, outputs):
-                    kpts, kpt_scores = decode_to_image(self.codec, heatmaps, center[start:stop],
-                                                       fixed_scale[start:stop])
-                    keypoints.append(kpts)
-                    scores.append(kpt_scores)
-                    if sharpness:
-                        sharp.append(heatmap_sharpness(heatmaps))
+                decoded = decode_views(self.codec, outputs, center[start:stop], fixed_scale[start:stop], sharpness)
+            views = views or [([], [], []) for _ in outputs]
+            for gathered, part in zip(views, decoded):
+                for into, value in zip(gathered, part):
+                    if value is not None:
+                        into.append(value)
         return [(np.concatenate(keypoints), np.concatenate(scores), np.concatenate(sharp) if sharp else None)
                 for keypoints, scores, sharp in views]
 
@@ -263,8 +258,7 @@ class TopDown:
                  if len(centers) else [empty] * 3)
         p = visibility = None
         if calibrated_here:
-            features = variant_features(views, scales, scene_of(images, found), "flip_views")[2]
-            p, visibility = calibrated(self.calibration, "flip_views", features)
+            p, visibility = calibrated_views(self.calibration, views, scales, scene_of(images, found), "flip_views")[2:]
         out, start = [], 0
         for boxes_here, box_scores in found:
             stop = start + len(boxes_here)
@@ -283,6 +277,26 @@ def scene_of(images, found: list[Detections]):
     boxes = [np.asarray(d.boxes, np.float64).reshape(-1, 4) for d in found]
     return (np.concatenate(sizes).reshape(-1, 2) if sizes else np.zeros((0, 2)),
             np.concatenate(boxes) if boxes else np.zeros((0, 4)))
+
+
+def decode_views(codec, outputs, center: np.ndarray, scale: np.ndarray, sharpness: bool = False):
+    """Each heatmap view of one batch (N, K, H, W) decoded to image pixels: [(keypoints (N, K, 2),
+    scores (N, K), sharpness (N, K) or None) per view] (`TopDown` and the evaluation loop)."""
+    out = []
+    for heatmaps in outputs:
+        keypoints, scores = decode_to_image(codec, heatmaps, center, scale)
+        out.append((keypoints, scores, heatmap_sharpness(heatmaps) if sharpness else None))
+    return out
+
+
+def calibrated_views(calibration, decoded, scale: np.ndarray, scene, variant: str):
+    """(keypoints, scores, p (N, K), visibility (N, K)) of a calibrated model from `decode_views(...,
+    sharpness=True)`'s views: the one seam every runtime and the evaluation loop pass, where the
+    features of the variant they computed meet `vitpose.codecs.confidence.calibrated`.
+    The keypoints and scores are the same as without the calibration."""
+    keypoints, scores, features = variant_features(decoded, scale, scene, variant)
+    p, visibility = calibrated(calibration, variant, features)
+    return keypoints, scores, p, visibility
 
 
 def variant_features(decoded, scale: np.ndarray, scene, variant: str):

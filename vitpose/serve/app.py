@@ -73,6 +73,7 @@ from vitpose.data.errors import DataError
 from vitpose.data.image_io import decode_image
 from vitpose.errors import UserError
 from vitpose.files import ImageTooLargeError, check_pixel_limit
+from vitpose.inference.calibrate import calibration_summary
 from vitpose.inference.pipeline import caller_boxes, image_ids
 from vitpose.inference.records import FORMATS, image_records, labelstudio_tasks, parse_marking, render_records
 from vitpose.inference.runner import predict_chunk
@@ -333,6 +334,7 @@ async def model_info(request: Request) -> Response:
     return JSONResponse({
         "model": service.settings.model_name,
         "spec": service.spec.to_dict() if service.spec is not None else None,
+        "calibration": calibration_summary(getattr(service.predictor, "calibration", None)),
         "skeleton": {"name": skeleton.name, "keypoint_names": list(skeleton.keypoint_names),
                      "limbs": [list(pair) for pair in skeleton.skeleton],
                      "keypoint_colors": [list(c) for c in skeleton.keypoint_colors],

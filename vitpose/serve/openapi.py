@@ -58,7 +58,9 @@ def openapi_schema() -> dict:
             body={"application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
                   "multipart/form-data": {"schema": _FORM}})},
         "/v1/health": {"get": _operation("liveness and requests in flight", _JSON, open_=True)},
-        "/v1/model": {"get": _operation("the model's spec, skeleton and the server's settings", _JSON)},
+        "/v1/model": {"get": _operation(
+            "the model's spec, calibration (whether records carry p and visibility), skeleton and the server's settings",
+            _JSON)},
         "/v1/labelstudio-config": {"get": _operation(
             "the Label Studio labelling config of the model's keypoints",
             {"description": "XML", "content": {"application/xml": {"schema": {"type": "string"}}}})},
