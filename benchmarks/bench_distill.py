@@ -11,6 +11,8 @@ GT boxes, flip test; the AP reported is the last epoch's):
 - `unlabelled`: `vitpose distill --no-labels` on `--unlabelled-images` fresh synthetic images (another
   seed than the labelled set, written under the work root) whose person boxes come from the set's
   detector-like detection file and are refined by the teacher: no keypoint label is read;
+  `unlabelled-half`: the same with a student of the teacher's width and half its blocks (started
+  from the teacher's blocks);
 - `init-teacher` / `init-random`: a student of the teacher's width and a quarter of its blocks,
   distilled from the teacher's blocks or from random weights (which initialisation wins).
 
@@ -144,9 +146,10 @@ def main(argv=None) -> int:
     load_config(None, recorded=recorded).dump(teacher_cfg)
     vit = recorded["model"]["extra"]
     wide_extra = f"{{embed_dim: {vit['embed_dim']}, depth: {max(vit['depth'] // 4, 1)}, num_heads: {vit['num_heads']}}}"
+    half_extra = f"{{embed_dim: {vit['embed_dim']}, depth: {max(vit['depth'] // 2, 1)}, num_heads: {vit['num_heads']}}}"
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
           f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '-')}")
-    flops = gflops(teacher, [args.student_extra, wide_extra])
+    flops = gflops(teacher, [args.student_extra, wide_extra, half_extra])
     print("forward GFLOPs per crop: " + ", ".join(f"{k} {v:.3f}" for k, v in flops.items()))
     t0, wanted, seeds = time.time(), args.runs.split(","), [int(x) for x in args.seeds.split(",")]
     runs: dict[str, list[str]] = {}
@@ -157,8 +160,10 @@ def main(argv=None) -> int:
     if "unlabelled" in wanted:
         images = unlabelled_set(root / "unlabelled_images", args.unlabelled_images, seed=1234)
         boxes = images / "person_detection_results" / "train_detections.json"
-        runs["unlabelled"] = distill_command(teacher, data, args.student_extra, 0, "--no-labels", "--unlabeled",
-                                             str(images / "train2017"), "--unlabeled-boxes", str(boxes))
+        unlabelled = ["--no-labels", "--unlabeled", str(images / "train2017"), "--unlabeled-boxes", str(boxes)]
+        runs["unlabelled"] = distill_command(teacher, data, args.student_extra, 0, *unlabelled)
+        # the teacher's width and half its blocks, started from them: what no labels at all can reach
+        runs["unlabelled-half"] = distill_command(teacher, data, half_extra, 0, *unlabelled)
     if "init" in wanted:
         for init in ("teacher", "random"):
             runs[f"init-{init}"] = distill_command(teacher, data, wide_extra, 0, "--init", init)
@@ -172,8 +177,10 @@ def main(argv=None) -> int:
             lines.append(f"| {seed} | {alone:.4f} | {distilled:.4f} | {distilled - alone:+.4f} |")
         print("\n".join(lines))
     if "unlabelled" in wanted:
-        ap = aps["unlabelled"][-1]
-        print(f"unlabelled only (no labels at all): AP {ap:.4f} = {ap / teacher_ap:.1%} of the teacher's")
+        for name, extra in (("unlabelled", args.student_extra), ("unlabelled-half", half_extra)):
+            ap = aps[name][-1]
+            print(f"unlabelled only (no labels at all), student {extra}: AP {ap:.4f} = {ap / teacher_ap:.1%} of the "
+                  f"teacher's")
     if "init" in wanted:
         lines = ["| student | init | AP |", "|---|---|---|"]
         lines += [f"| {wide_extra} | {init} | {aps[f'init-{init}'][-1]:.4f} |" for init in ("teacher", "random")]

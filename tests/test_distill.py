@@ -236,11 +236,28 @@ def test_a_distillation_stopped_by_sigterm_and_resumed_equals_an_uninterrupted_o
 
 @pytest.mark.slow  # ONNX export with its gate, then int8 with its AP gate: ~20 s
 def test_the_student_passes_the_export_and_int8_gates(student, teacher, tmp_path, monkeypatch):
+    from vitpose.data.synthetic import make_coco
     from vitpose.inference import quantize as Q
 
     monkeypatch.setattr(Q, "GATE_BOOTSTRAP", 50)
+    make_coco(tmp_path / "gate", 16, seed=5, split="val")  # the AP gate holds out at least 10 images
     assert main(["export", "--model", str(student / "last.pth"), "--out", str(tmp_path / "s.onnx")]) == 0
     assert main(["export", "--model", str(student / "last.pth"), "--out", str(tmp_path / "s.int8.onnx"),
-                 "--precision", "int8", "--gate-data", str(teacher[1])]) == 0
+                 "--precision", "int8", "--gate-data", str(tmp_path / "gate")]) == 0
     assert main(["predict", str(next((teacher[1] / "val2017").glob("*.jpg"))), "--model", str(tmp_path / "s.int8.onnx"),
                  "--detector", "full-frame", "--json", str(tmp_path / "p.json")]) == 0
+
+
+@pytest.mark.slow  # the full vitpose-t (192 wide, 12 blocks, 256x192) through both export gates: ~1 min
+def test_vitpose_t_passes_the_export_and_int8_gates(tmp_path, monkeypatch):
+    import vitpose
+    from vitpose.data.synthetic import make_coco
+    from vitpose.inference import quantize as Q
+
+    monkeypatch.setattr(Q, "GATE_BOOTSTRAP", 50)
+    torch.manual_seed(0)
+    weights = vitpose.save_weights(vitpose.build_model("vitpose-t", "simple").eval(), tmp_path / "t.safetensors")
+    make_coco(tmp_path / "gate", 16, seed=5, split="val", image_size=(256, 320))
+    assert main(["export", "--model", str(weights), "--out", str(tmp_path / "t.onnx")]) == 0
+    assert main(["export", "--model", str(weights), "--out", str(tmp_path / "t.int8.onnx"), "--precision", "int8",
+                 "--gate-data", str(tmp_path / "gate")]) == 0
