@@ -13,6 +13,8 @@ GT boxes, flip test; the AP reported is the last epoch's):
   detector-like detection file and are refined by the teacher: no keypoint label is read;
   `unlabelled-half`: the same with a student of the teacher's width and half its blocks (started
   from the teacher's blocks);
+- `unlabelled-long` / `unlabelled-half-long`: both unlabelled runs for `--long-epochs` epochs (the
+  step decay moved to 80% and 90% of them);
 - `init-teacher` / `init-random`: a student of the teacher's width and a quarter of its blocks,
   distilled from the teacher's blocks or from random weights (which initialisation wins).
 
@@ -44,18 +46,18 @@ def eval_aps(work_dir: Path) -> list[float]:
     return [r["AP"] for r in records if r.get("kind") == "eval"]
 
 
-def run_all(runs: dict[str, list[str]], root: Path, epochs: int, jobs: int) -> dict[str, list[float]]:
-    """Every run not yet done, `jobs` at a time (a shared machine's cores go further with several
-    single-threaded runs); each run's APs per epoch."""
-    waiting = [name for name in runs if len(eval_aps(root / name)) < epochs]
+def run_all(runs: dict[str, list[str]], root: Path, epochs: dict[str, int], jobs: int) -> dict[str, list[float]]:
+    """Every run not yet done (`epochs[name]` epochs), `jobs` at a time (a shared machine's cores go
+    further with several single-threaded runs); each run's APs per epoch."""
+    waiting = [name for name in runs if len(eval_aps(root / name)) < epochs[name]]
     active: dict[str, tuple[subprocess.Popen, object, float]] = {}
     while waiting or active:
         while waiting and len(active) < jobs:
             name = waiting.pop(0)
             work_dir = root / name
             work_dir.mkdir(parents=True, exist_ok=True)
-            full = [sys.executable, "-m", "vitpose", *runs[name], "--work-dir", str(work_dir), "--epochs", str(epochs),
-                    "--overwrite", "--workers", "0"]
+            full = [sys.executable, "-m", "vitpose", *runs[name], "--work-dir", str(work_dir), "--epochs",
+                    str(epochs[name]), "--overwrite", "--workers", "0"]
             print(f"{name}: {' '.join(full[1:])}", flush=True)
             log = open(work_dir / "bench.log", "w")
             active[name] = (subprocess.Popen(full, stdout=log, stderr=subprocess.STDOUT, cwd=REPO), log, time.time())
@@ -68,7 +70,7 @@ def run_all(runs: dict[str, list[str]], root: Path, epochs: int, jobs: int) -> d
             if process.returncode != 0:
                 raise SystemExit(f"{name}: exited with {process.returncode}; see {root / name / 'bench.log'}")
             print(f"{name}: {time.time() - start:.0f} s", flush=True)
-    return {name: eval_aps(root / name)[:epochs] for name in runs}
+    return {name: eval_aps(root / name)[:epochs[name]] for name in runs}
 
 
 def student_sets(extra: str) -> list[str]:
@@ -130,7 +132,8 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--student-extra", default=STUDENT_EXTRA, help="model.extra of the paired student")
     p.add_argument("--unlabelled-images", type=int, default=500)
-    p.add_argument("--runs", default="pairs,unlabelled,init", help="comma-separated subset")
+    p.add_argument("--runs", default="pairs,unlabelled,init,long", help="comma-separated subset")
+    p.add_argument("--long-epochs", type=int, default=30, help="epochs of the long unlabelled runs")
     p.add_argument("--jobs", type=int, default=1, help="runs at a time (each with OMP_NUM_THREADS threads)")
     p.add_argument("--work-root", type=Path, default=REPO / "work_dirs" / "bench_distill")
     args = p.parse_args(argv)
@@ -164,10 +167,19 @@ def main(argv=None) -> int:
         runs["unlabelled"] = distill_command(teacher, data, args.student_extra, 0, *unlabelled)
         # the teacher's width and half its blocks, started from them: what no labels at all can reach
         runs["unlabelled-half"] = distill_command(teacher, data, half_extra, 0, *unlabelled)
+    if "long" in wanted:  # the unlabelled runs for --long-epochs, the step decay at the same fractions
+        n = args.long_epochs
+        later = ["--set", f"schedule.milestones=[{round(n * 0.8)}, {round(n * 0.9)}]"]
+        images = unlabelled_set(root / "unlabelled_images", args.unlabelled_images, seed=1234)
+        boxes = images / "person_detection_results" / "train_detections.json"
+        unlabelled = ["--no-labels", "--unlabeled", str(images / "train2017"), "--unlabeled-boxes", str(boxes), *later]
+        runs["unlabelled-long"] = distill_command(teacher, data, args.student_extra, 0, *unlabelled)
+        runs["unlabelled-half-long"] = distill_command(teacher, data, half_extra, 0, *unlabelled)
     if "init" in wanted:
         for init in ("teacher", "random"):
             runs[f"init-{init}"] = distill_command(teacher, data, wide_extra, 0, "--init", init)
-    aps = run_all(runs, root, args.epochs, args.jobs)
+    epochs = {name: args.long_epochs if name.endswith("-long") else args.epochs for name in runs}
+    aps = run_all(runs, root, epochs, args.jobs)
     teacher_ap = next(record(root / name)["teacher_ap"] for name in runs if not name.startswith("alone"))
     print(f"teacher AP {teacher_ap:.4f}; every AP below: the last of {args.epochs} epochs")
     if "pairs" in wanted:
@@ -181,6 +193,11 @@ def main(argv=None) -> int:
             ap = aps[name][-1]
             print(f"unlabelled only (no labels at all), student {extra}: AP {ap:.4f} = {ap / teacher_ap:.1%} of the "
                   f"teacher's")
+    if "long" in wanted:
+        for name, extra in (("unlabelled-long", args.student_extra), ("unlabelled-half-long", half_extra)):
+            ap = aps[name][-1]
+            print(f"unlabelled only, {args.long_epochs} epochs, student {extra}: AP {ap:.4f} = "
+                  f"{ap / teacher_ap:.1%} of the teacher's")
     if "init" in wanted:
         lines = ["| student | init | AP |", "|---|---|---|"]
         lines += [f"| {wide_extra} | {init} | {aps[f'init-{init}'][-1]:.4f} |" for init in ("teacher", "random")]
