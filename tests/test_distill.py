@@ -261,3 +261,19 @@ def test_vitpose_t_passes_the_export_and_int8_gates(tmp_path, monkeypatch):
     assert main(["export", "--model", str(weights), "--out", str(tmp_path / "t.onnx")]) == 0
     assert main(["export", "--model", str(weights), "--out", str(tmp_path / "t.int8.onnx"), "--precision", "int8",
                  "--gate-data", str(tmp_path / "gate")]) == 0
+
+
+def test_the_student_inherits_the_teachers_sizes_whatever_its_config(teacher):
+    from vitpose.config import ConfigError
+    from vitpose.distill.run import DistillOptions, distill_config
+
+    path, data = teacher
+    cfg = distill_config(DistillOptions(teacher=str(path), student="demo", data=str(data)))
+    assert cfg.model.extra["embed_dim"] == 128 and cfg.model.decoder == "classic"  # the student config's model
+    assert tuple(cfg.model.input_size) == (48, 64) and tuple(cfg.model.heatmap_size) == (12, 16)  # the teacher's
+    assert cfg.model.sigma == 1.0 and cfg.data.root == str(data) and cfg.data.synthetic_train_images == 0
+    size = distill_config(DistillOptions(teacher=str(path), student="t", data=str(data)))
+    assert size.model.name == "vitpose-t" and size.model.decoder == "simple" and size.model.extra == {}
+    assert size.optim.lr == cfg.optim.lr and size.train.work_dir == "work_dirs/distill"  # the teacher's recipe
+    with pytest.raises(ConfigError, match="model.input_size: the student inherits the teacher's"):
+        distill_config(DistillOptions(teacher=str(path), data=str(data), overrides=("model.input_size=[96, 128]",)))
