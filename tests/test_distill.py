@@ -277,3 +277,29 @@ def test_the_student_inherits_the_teachers_sizes_whatever_its_config(teacher):
     assert size.optim.lr == cfg.optim.lr and size.train.work_dir == "work_dirs/distill"  # the teacher's recipe
     with pytest.raises(ConfigError, match="model.input_size: the student inherits the teacher's"):
         distill_config(DistillOptions(teacher=str(path), data=str(data), overrides=("model.input_size=[96, 128]",)))
+
+
+def test_a_videos_frames_become_unlabelled_instances(teacher, tmp_path, monkeypatch):
+    """Every `frame_step`-th frame of a video is saved under the work dir and gets its people (here
+    the whole frame, refined by the teacher); the same sources and teacher reuse the files."""
+    import cv2
+
+    import vitpose.distill.unlabelled as U
+    from vitpose.distill.run import DistillOptions, distill_config
+
+    monkeypatch.setattr(U, "KEYPOINT_THRESHOLD", 0.0)  # a 2-epoch teacher is sure of nothing
+    video = tmp_path / "walk.avi"
+    writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"MJPG"), 10, (96, 128))
+    for i in range(5):
+        writer.write(np.full((128, 96, 3), 40 * i, np.uint8))
+    writer.release()
+    cfg = distill_config(DistillOptions(teacher=str(teacher[0]), data=str(teacher[1]), unlabeled=(str(video),),
+                                        work_dir=str(tmp_path / "run"), overrides=("distill.frame_step=2",)))
+    manifest = U.prepare_unlabelled(cfg)
+    entry = json.loads(manifest.read_text())[0]
+    coco = json.loads(Path(entry["annotations"]).read_text())
+    assert [im["file_name"] for im in coco["images"]] == [f"walk_{i:06d}.jpg" for i in (0, 2, 4)]
+    assert all((Path(entry["images"]) / im["file_name"]).is_file() for im in coco["images"])
+    assert len(coco["annotations"]) == 3  # one person a frame: full-frame boxes
+    monkeypatch.setattr(U, "pseudo_coco", lambda *a: pytest.fail("the prepared files were not reused"))
+    assert U.prepare_unlabelled(cfg) == manifest
