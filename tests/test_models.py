@@ -13,6 +13,7 @@ from vitpose.models.vitpose import MODEL_SIZES, build_model, flip_test
 # docs/model.md §4 (millions), counted with the official 193-row pos_embed: this model keeps 192
 # rows, i.e. C fewer parameters (well inside the 0.1% tolerance).
 PARAMS_M = {
+    "vitpose-t": (5.52, 7.36, 5.55),  # this project's distillation student (no published model): counted here
     "vitpose-s": (21.66, 24.29, 21.72),
     "vitpose-b": (85.80, 90.00, 85.91),
     "vitpose-l": (303.30, 308.55, 303.45),

@@ -1,7 +1,7 @@
 """Typed run configuration: dataclasses loaded from YAML.
 
 A config file is a YAML mapping of sections (`model`, `data`, `loader`, `optim`, `schedule`,
-`train`, `eval`) to fields. An optional top-level `base: other.yaml` (relative to the file) is
+`train`, `eval`, `distill`) to fields. An optional top-level `base: other.yaml` (relative to the file) is
 loaded first and then updated, so size and decoder variants stay small. Unknown sections or
 fields, in a file or in a `--set section.field=value` override, fail before any work starts,
 naming the key and the closest valid one: a misspelled key must never silently do nothing.
@@ -187,6 +187,26 @@ class EvalConfig:
 
 
 @dataclass
+class DistillConfig:
+    """Distillation onto this config's model from a teacher model file (`vitpose distill`,
+    docs/distill.md). No teacher: plain training."""
+
+    teacher: str | None = None  # the teacher's model file (a training checkpoint or weights)
+    teacher_sha256: str | None = None  # its hash when the run started: a resume refuses another file
+    labelled: bool = True  # False: no ground truth at all, the unlabelled frames only
+    unlabeled: tuple[str, ...] = ()  # folders of images or video files
+    unlabeled_boxes: str = "full-frame"  # full-frame | a detector name | a COCO detection results file
+    frame_step: int = 10  # every N-th frame of an unlabelled video
+    gt_weight: float = 1.0  # the ground-truth heatmap loss (labelled crops)
+    heatmap_weight: float = 1.0  # the teacher's heatmaps as the target (every crop)
+    # The feature loss through a learned projector (student width -> teacher width), its weight
+    # falling linearly from this value to 0 over the first stage (DWPose's first stage).
+    feature_weight: float = 0.01
+    head_epochs: int = 0  # a last, head-only stage of N epochs (teacher heatmaps and ground truth)
+    init: str = "auto"  # auto: the teacher's blocks where the widths allow | teacher | random
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -195,6 +215,7 @@ class Config:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return _plain(dataclasses.asdict(self))
@@ -394,6 +415,12 @@ _RANGES = [
     ("model.heatmap_size", lambda v: min(v) >= 1, "two positive sizes (w, h)"),
     ("eval.keypoint_score_thr", lambda v: 0 <= v <= 1, "in [0, 1]"),
     ("eval.nms_thr", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("distill.gt_weight", lambda v: v >= 0, ">= 0"),
+    ("distill.heatmap_weight", lambda v: v >= 0, ">= 0"),
+    ("distill.feature_weight", lambda v: v >= 0, ">= 0"),
+    ("distill.head_epochs", lambda v: v >= 0, ">= 0 (0: no head-only stage)"),
+    ("distill.frame_step", lambda v: v >= 1, "at least 1"),
+    ("distill.init", lambda v: v in ("auto", "teacher", "random"), "one of auto, teacher, random"),
 ]
 
 

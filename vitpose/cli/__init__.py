@@ -1,7 +1,7 @@
 """The `vitpose` command: one console script, one subcommand per module, one error handler.
 
     vitpose train | evaluate | predict | export | tune | check-data | build-crop-cache | plot | import-annotations
-            | merge | convert | serve | select | audit | calibrate | triangulate
+            | merge | convert | serve | select | audit | calibrate | triangulate | distill
 
 Each command module has `add_parser(subparsers)` (which sets `run` as its parser's default) and
 `run(args) -> exit status`. Adding a command is one line in `COMMANDS`. Every subcommand's parser
@@ -34,7 +34,7 @@ from vitpose.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_STATUSES, UserE
 # The subcommands (modules of this package), in the order `vitpose --help` lists them. Each is
 # imported only when its command runs (or for the full --help): `vitpose merge` never loads torch.
 COMMANDS = ("train", "evaluate", "predict", "export", "tune", "check_data", "build_crop_cache", "plot",
-            "import_annotations", "merge", "convert", "serve", "select", "audit", "calibrate", "triangulate")
+            "import_annotations", "merge", "convert", "serve", "select", "audit", "calibrate", "triangulate", "distill")
 
 
 def command_module(name: str):

@@ -74,17 +74,20 @@ def init_from_source(model, cfg, skeleton, work_dir: Path | None, is_main: bool 
     return report
 
 
-def apply_backbone_freeze(model, epoch: int, cfg, say=print) -> bool:
+def apply_backbone_freeze(model, epoch: int, cfg, say=print, head_only: bool = False) -> bool:
     """Backbone parameters train from epoch `train.freeze_backbone_epochs` on and get no gradient
-    (so AdamW leaves them, weight decay included, untouched) before. Returns whether that changed:
+    (so AdamW leaves them, weight decay included, untouched) before, and in a head-only stage
+    (`head_only`: a distillation's last `distill.head_epochs`). Returns whether that changed:
     a DDP or compiled wrapper must then be rebuilt around the model."""
-    frozen = epoch < cfg.train.freeze_backbone_epochs
+    frozen = epoch < cfg.train.freeze_backbone_epochs or head_only
     params = list(model.backbone.parameters())
     if all(p.requires_grad != frozen for p in params):
         return False
     for p in params:
         p.requires_grad_(not frozen)
-    if frozen:
+    if frozen and head_only:
+        say(f"epoch {epoch}: backbone frozen for the head-only stage (distill.head_epochs={cfg.distill.head_epochs})")
+    elif frozen:
         say(f"epoch {epoch}: backbone frozen (train.freeze_backbone_epochs={cfg.train.freeze_backbone_epochs}); "
             f"only the head trains")
     elif cfg.train.freeze_backbone_epochs:

@@ -37,7 +37,7 @@ from vitpose.config import Config
 from vitpose.data.loaders import Loaders, build_loaders
 from vitpose.data.metainfo import DatasetInfo
 from vitpose.data.synthetic import claim_synthetic_root, make_coco
-from vitpose.engine import checkpoint, evaluate
+from vitpose.engine import checkpoint, distill, evaluate
 from vitpose.engine import distributed as D
 from vitpose.engine.finetune import apply_backbone_freeze, init_from_source
 from vitpose.engine.gpu_monitor import GpuMonitor
@@ -97,8 +97,13 @@ def set_up(cfg: Config, config_path, resume: str | None, overwrite: bool, stop: 
         print(f"config {config_path} (resolved copy: {work_dir / 'config.yaml'}):\n{text}", end="")
     telemetry, watch = set_up_reporting(cfg, config_path, run, loaders, len(train_set), stop, closing)
     evaluator = build_evaluator(cfg, skeleton) if ctx.is_main else None  # as MMPose scores data.dataset_info
-    return Session(cfg, work_dir, run, loaders, loaders.train_batches_per_epoch, skeleton, build_codec(cfg.model),
-                   evaluator, telemetry, watch)
+    job = Session(cfg, work_dir, run, loaders, loaders.train_batches_per_epoch, skeleton, build_codec(cfg.model),
+                  evaluator, telemetry, watch)
+    if run.objective is not None and run.objective.record.get("teacher_ap") is None:
+        # The teacher's score on the same validation set, once: every student file records both.
+        run.objective.record["teacher_ap"] = validate(job, run.objective.teacher, log=False)
+        telemetry.message(f"teacher: AP {run.objective.record['teacher_ap']:.4f} on the validation set")
+    return job
 
 
 def set_up_data(cfg: Config, config_path, ctx: D.DistContext, closing: ExitStack):
@@ -111,9 +116,12 @@ def set_up_data(cfg: Config, config_path, ctx: D.DistContext, closing: ExitStack
     if missing:
         raise UserError(missing_data_message(cfg, missing, config_path))
     seed_everything(cfg.train.seed + ctx.rank)
-    train_set = build_train_set(cfg)  # GT boxes, ViTPose augmentation; UDP targets drawn on the device
+    train_set = build_train_set(cfg) if cfg.distill.labelled else None  # GT boxes, ViTPose augmentation
+    if cfg.distill.teacher:  # a distillation: the unlabelled frames too, as one set
+        train_set = distill.distill_train_set(cfg, train_set)
     val_set = build_val_set(cfg, info=train_set.dataset_info)  # the configured detection boxes, or GT boxes
-    report = preflight(cfg, train_set)  # K, flip table, labels, all-zero targets: seconds, every rank
+    # K, flip table, labels, all-zero targets: seconds, every rank
+    report = preflight(cfg, getattr(train_set, "checked", train_set))
     if ctx.is_main:
         print(describe_dataset("training", train_set))
         print(describe_dataset("validation", val_set))
@@ -146,9 +154,16 @@ def set_up_model(cfg: Config, ctx: D.DistContext, resume: str | None, batches_pe
     if ctx.is_main:
         for warning in freeze_warnings(cfg):
             print(f"warning: {warning}", file=sys.stderr)
+    objective = None
+    if cfg.distill.teacher:  # the teacher (its hash checked on a resume), the student started from it, the projector
+        recorded = found[1].get(distill.RECORD_KEY) if found is not None else None
+        steps_per_epoch = -(-batches_per_epoch // cfg.optim.accum_steps)
+        objective = distill.set_up_distillation(cfg, model, ctx.device, steps_per_epoch, recorded, ctx.is_main)
     model.to(ctx.device)
     global_batch = cfg.loader.batch_size * ctx.world_size * cfg.optim.accum_steps
     optimizer, schedule = build_optimizer(model, cfg.optim, cfg.schedule, global_batch)
+    if objective is not None:
+        objective.add_to(optimizer, optimizer.param_groups[-1]["lr"], cfg.optim.weight_decay)
     if cfg.optim.scale_lr and ctx.is_main:
         print(f"linear LR scaling: lr {cfg.optim.lr:g} x global batch {global_batch} / "
               f"{cfg.optim.base_batch_size} = {optimizer.param_groups[-1]['lr']:g}")
@@ -158,7 +173,8 @@ def set_up_model(cfg: Config, ctx: D.DistContext, resume: str | None, batches_pe
     state = TrainState()
     if found is not None:
         state = resume_from(found, cfg, model, optimizer, precision, ctx, batches_per_epoch)
-    return TrainRun(model, wrap_for_training(model, cfg, ctx), optimizer, schedule, precision, ctx, state)
+    trained = model if objective is None else objective.trained
+    return TrainRun(model, wrap_for_training(trained, cfg, ctx), optimizer, schedule, precision, ctx, state, objective)
 
 
 def freeze_warnings(cfg: Config) -> list[str]:
@@ -184,9 +200,10 @@ def wrap_for_training(model, cfg: Config, ctx: D.DistContext):
 def begin_epoch(session: Session) -> None:
     """Before epoch `state.epoch`: freeze or unfreeze the backbone (`train.freeze_backbone_epochs`;
     the epoch alone decides, so a resumed run does the same), wrapping the model again on a change."""
-    run = session.train_run
-    if apply_backbone_freeze(run.model, session.state.epoch, session.cfg, session.telemetry.message):
-        run.train_model = wrap_for_training(run.model, session.cfg, session.ctx)
+    run, epoch = session.train_run, session.state.epoch
+    if apply_backbone_freeze(run.model, epoch, session.cfg, session.telemetry.message,
+                             head_only=distill.head_only(session.cfg, epoch)):
+        run.train_model = wrap_for_training(run.trained, session.cfg, session.ctx)
 
 
 def set_up_reporting(cfg: Config, config_path, run: TrainRun, loaders: Loaders, instances: int, stop: StopFlag,
@@ -217,6 +234,8 @@ def save(session: Session, name: str) -> Path | None:
     payload = checkpoint_payload(run.model, run.optimizer, run.schedule, run.precision, run.state,
                                  session.cfg.to_dict())
     payload["world_size"] = session.ctx.world_size  # resume says when another world size makes it inexact
+    if run.objective is not None:  # the teacher (path, hash), the losses, both scores, the projector
+        payload[distill.RECORD_KEY] = run.objective.state(run.state.best_ap)
     return checkpoint.save_checkpoint(payload, session.work_dir / name)
 
 
@@ -239,11 +258,13 @@ def finish_epoch(session: Session) -> None:
     save(session, "last.pth")
 
 
-def validate(session: Session) -> float:
-    """The validation score of the model as it stands (AP, or PCKh for MPII), on every rank."""
+def validate(session: Session, model=None, log: bool = True) -> float:
+    """The validation score of the model as it stands (AP, or PCKh for MPII), on every rank.
+
+    model: another model of the same input (a distillation's teacher), scored without logging."""
     cfg, ctx, state, run = session.cfg, session.ctx, session.state, session.train_run
-    predictions = evaluate.predict(run.model, session.loaders.val(), session.codec, flip_test=cfg.eval.flip_test,
-                                   device=ctx.device, amp_dtype=run.precision.dtype,
+    predictions = evaluate.predict(run.model if model is None else model, session.loaders.val(), session.codec,
+                                   flip_test=cfg.eval.flip_test, device=ctx.device, amp_dtype=run.precision.dtype,
                                    flip_indices=session.skeleton.flip_indices)
     predictions = D.gather_objects(predictions, ctx)  # all ranks predict, rank 0 scores
     ap = None
@@ -253,7 +274,8 @@ def validate(session: Session) -> float:
         if evaluator.last_nonfinite:  # a diverged model: scored as misses, the run goes on
             session.telemetry.message(f"epoch {state.epoch}: {evaluator.last_nonfinite} of {len(predictions)} "
                                       f"validation predictions have non-finite keypoints or scores; scored as misses")
-        session.telemetry.log_eval(state.epoch - 1, max(state.iteration - 1, 0), stats)
+        if log:
+            session.telemetry.log_eval(state.epoch - 1, max(state.iteration - 1, 0), stats)
         ap = float(stats[evaluator.primary_stat])
     return D.broadcast_object(ap, ctx)
 

@@ -84,6 +84,15 @@ class TrainRun:
     precision: Precision
     ctx: D.DistContext
     state: TrainState
+    # A distillation's loss (`vitpose.engine.distill.DistillObjective`): the teacher's targets and
+    # the projector it trains; None: the ground-truth heatmap loss alone.
+    objective: object | None = None
+
+    @property
+    def trained(self) -> torch.nn.Module:
+        """What the optimizer steps (and the gradients are clipped over): the model, or a
+        distillation's student with its projector."""
+        return self.model if self.objective is None else self.objective.trained
 
 
 # ---------------------------------------------------------------------------------------------
@@ -106,11 +115,17 @@ def prepare_batch(batch: dict, device: torch.device, input_size, heatmap_size, s
 
 
 def forward_backward(model, images, heatmaps, weights, precision: Precision, loss_divisor: int = 1,
-                     loss_fn=None) -> torch.Tensor:
-    """Forward under autocast, loss in fp32, backward (scaled for fp16). Returns the detached loss."""
-    with precision.autocast():
-        pred = model(images)
-    loss = (loss_fn or keypoint_mse_loss)(pred.float(), heatmaps, weights)
+                     loss_fn=None, objective=None, iteration: int = 0) -> torch.Tensor:
+    """Forward under autocast, loss in fp32, backward (scaled for fp16). Returns the detached loss.
+
+    objective: a distillation's (`DistillObjective.loss(model, images, heatmaps, weights, precision,
+    iteration)`: the teacher's targets added to the ground truth's); None: `loss_fn` (the MSE)."""
+    if objective is not None:
+        loss = objective.loss(model, images, heatmaps, weights, precision, iteration)
+    else:
+        with precision.autocast():
+            pred = model(images)
+        loss = (loss_fn or keypoint_mse_loss)(pred.float(), heatmaps, weights)
     scaled = loss / loss_divisor
     if precision.scaler is not None:
         scaled = precision.scaler.scale(scaled)
@@ -188,7 +203,8 @@ def train_one_epoch(run: TrainRun, batches: Iterable[dict], epoch: int, cfg, bat
             run.schedule.step(state.iteration, epoch)
         last_micro = micro + 1 == accum or state.batch + 1 == batches_per_epoch
         with D.no_sync(run.train_model, enabled=not last_micro):
-            loss = forward_backward(run.train_model, images, heatmaps, weights, run.precision, accum)
+            loss = forward_backward(run.train_model, images, heatmaps, weights, run.precision, accum,
+                                    objective=run.objective, iteration=state.iteration)
         loss_sum = loss_sum + loss
         samples += images.shape[0] * world_size
         state.batch += 1
@@ -200,7 +216,7 @@ def train_one_epoch(run: TrainRun, batches: Iterable[dict], epoch: int, cfg, bat
         # ---- optimizer step; all ranks agree on a non-finite loss and on a stop request
         loss_mean = loss_sum / micro
         nonfinite, stop_now = D.any_rank([not is_finite(loss_mean), stop.requested], ctx)
-        grad_norm, _ = optimizer_step(run.model, run.optimizer, run.precision, cfg.optim.clip_grad,
+        grad_norm, _ = optimizer_step(run.trained, run.optimizer, run.precision, cfg.optim.clip_grad,
                                       loss_finite=not nonfinite)
         report_step(watch, state.iteration, epoch, loss_mean, run.optimizer.param_groups[-1]["lr"], samples,
                     time.perf_counter() - t0, data_time, grad_norm)

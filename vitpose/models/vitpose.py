@@ -10,6 +10,8 @@ from vitpose.models.vit import VisionTransformer
 
 # docs/model.md §1.1. drop_path_rate is the training default of each size's config.
 MODEL_SIZES = {
+    # The distillation student (docs/distill.md): half of S's width (a quarter of its compute per block), no drop path.
+    "vitpose-t": dict(embed_dim=192, depth=12, num_heads=3, drop_path_rate=0.0),
     "vitpose-s": dict(embed_dim=384, depth=12, num_heads=12, drop_path_rate=0.1),
     "vitpose-b": dict(embed_dim=768, depth=12, num_heads=12, drop_path_rate=0.3),
     "vitpose-l": dict(embed_dim=1024, depth=24, num_heads=16, drop_path_rate=0.5),
@@ -72,7 +74,7 @@ def _canonical_name(name):
 
 
 def build_model(name, decoder="classic", num_keypoints=17, **kwargs):
-    """Build `vitpose-s|b|l|h` with the `classic` or `simple` decoder.
+    """Build `vitpose-t|s|b|l|h` with the `classic` or `simple` decoder.
 
     Extra keyword arguments go to the backbone (drop_path_rate, grad_checkpointing, img_size,
     depth, embed_dim, num_heads, mlp_ratio, ...) except `deconv_channels`, which goes to the
