@@ -135,7 +135,6 @@ def test_predict_takes_the_student_as_any_model(student, teacher, tmp_path):
 
 
 @pytest.mark.parametrize("argv, flag", [
-    (["--teacher", "t.pth", "--epochs", "0"], "--epochs"),
     (["--teacher", "t.pth", "--no-such-flag"], "--no-such-flag"),
     (["--teacher", "t.pth", "--init", "best"], "--init"),
 ])
@@ -151,6 +150,9 @@ def test_bad_flags_are_refused_naming_the_flag(argv, flag, capsys):
     (["--teacher", "t.pth", "--no-labels"], "--no-labels"),
     (["--teacher", "t.pth", "--unlabeled-boxes", "full-frame"], "--unlabeled-boxes"),
     (["--teacher", "t.pth", "--student", "vitpose-t", "--config", "demo"], "--student"),
+    (["--teacher", "t.pth", "--epochs", "0"], "--epochs"),
+    (["--teacher", "t.pth", "--batch-size", "0"], "--batch-size"),
+    (["--teacher", "t.pth", "--workers", "-1"], "--workers"),
 ])
 def test_inconsistent_flags_are_one_line(argv, flag, capsys):
     assert main(["distill", *argv]) == 2

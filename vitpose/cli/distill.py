@@ -16,17 +16,8 @@ from __future__ import annotations
 
 import argparse
 
+from vitpose.cli.options import add_training_arguments, check_numbers
 from vitpose.errors import UsageError
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -52,16 +43,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "a detector's name, or a COCO detection results file")
     p.add_argument("--init", choices=["auto", "teacher", "random"], default=None,
                    help="the student's start: the teacher's blocks where the widths allow (auto), or random")
-    p.add_argument("--epochs", type=_positive, default=None, help="schedule.epochs")
-    p.add_argument("--work-dir", default=None, help="checkpoints and logs (default work_dirs/distill)")
-    p.add_argument("--resume", default=None, metavar="auto|PATH",
-                   help="continue a stopped distillation (auto: the work dir's checkpoint with the most progress)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="start from scratch in a work dir that holds an earlier run's checkpoints")
-    p.add_argument("--seed", type=int, default=None, help="train.seed")
-    p.add_argument("--amp", action="store_true", help="mixed precision for the student (as vitpose train --amp)")
-    p.add_argument("--batch-size", type=_positive, default=None, help="per-process batch size (loader.batch_size)")
-    p.add_argument("--workers", type=int, default=None, help="loader worker processes (loader.num_workers)")
+    add_training_arguments(p)  # as vitpose train's (default work dir work_dirs/distill; --amp: the student's)
     p.set_defaults(run=run)
     return p
 
@@ -76,8 +58,8 @@ def distill_options(args):
         raise UsageError("--no-labels: give the frames to train on with --unlabeled DIR|VIDEO")
     if args.unlabeled_boxes is not None and not args.unlabeled:
         raise UsageError("--unlabeled-boxes: it gives the boxes of --unlabeled frames; give --unlabeled too")
-    if args.workers is not None and args.workers < 0:
-        raise UsageError(f"--workers {args.workers}: must be 0 or more")
+    check_numbers(("--epochs", args.epochs, 1, None), ("--batch-size", args.batch_size, 1, None),
+                  ("--workers", args.workers, 0, None))
     if args.teacher is None and args.resume is None:
         raise UsageError("--teacher: required (the model file to distil from)")
     return DistillOptions(

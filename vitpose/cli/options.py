@@ -99,11 +99,12 @@ def model_options(args: argparse.Namespace, *, batch_size: int | None = None):
                         detector_threshold=threshold, det_classes=None if classes is None else tuple(classes))
 
 
-def open_model(options, *, views: bool = False):
+def open_model(options, *, views: bool = False, mark_by: str = "auto"):
     """The predictor of `options` through the one door; on a CPU, glibc's allocator tuned for a
     process that runs the model pass after pass (`vitpose.device.tune_cpu_allocator`). views: the
     command reads the flip test's two views apart and the skeleton's details (select, audit), so a
-    model that cannot give them is refused here, in one line, before any work."""
+    model that cannot give them is refused here, in one line, before any work. mark_by: the
+    command's `--mark-below-by` (`check_mark_by`), checked against the opened model here too."""
     from vitpose.device import tune_cpu_allocator
     from vitpose.errors import UsageError
 
@@ -115,8 +116,27 @@ def open_model(options, *, views: bool = False):
     if views and getattr(predictor, "skeleton", None) is None:
         raise UsageError(f"--model {options.model} records no skeleton (keypoint names, flip pairs, sigmas), which "
                          f"this command needs: export it again with vitpose export --config (the training config)")
+    check_mark_by(predictor, mark_by)
     tune_cpu_allocator(getattr(predictor, "device", "cpu"))
     return predictor
+
+
+def add_training_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of a training run that `vitpose train` and `vitpose distill` share (one loop, one set
+    of names): precision, loader, length, work dir, resume, seed."""
+    parser.add_argument("--amp", action="store_true",
+                        help="mixed precision: fp16 autocast + GradScaler on CUDA, bf16 autocast on CPU")
+    parser.add_argument("--batch-size", type=int, default=None, help="per-process batch size (loader.batch_size)")
+    parser.add_argument("--workers", type=int, default=None, help="loader worker processes (loader.num_workers)")
+    parser.add_argument("--epochs", type=int, default=None, help="schedule.epochs")
+    parser.add_argument("--work-dir", default=None, help="checkpoints, logs and the resolved config go here")
+    parser.add_argument("--resume", default=None, metavar="auto|PATH",
+                        help="auto: the valid checkpoint in the work dir that records the most progress (fresh "
+                             "start if none); or a file")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start from scratch in a work dir that holds an earlier run's checkpoints (overwriting "
+                             "them)")
+    parser.add_argument("--seed", type=int, default=None, help="train.seed")
 
 
 def add_mark_by_argument(parser: argparse.ArgumentParser) -> None:

@@ -42,14 +42,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vitpose.cli.options import (
-    add_mark_by_argument,
-    add_model_arguments,
-    check_mark_by,
-    check_numbers,
-    model_options,
-    open_model,
-)
+from vitpose.cli.options import add_mark_by_argument, add_model_arguments, check_numbers, model_options, open_model
 from vitpose.errors import UsageError
 from vitpose.inference.dispatch import check_outputs, read_boxes  # noqa: F401 - public here too
 from vitpose.inference.images import drawing_names, output_names, predict_images  # noqa: F401 - public here too
@@ -152,10 +145,10 @@ def add_shard_arguments(p) -> None:
 # The command
 
 
-def build_predictor(model_options):
+def build_predictor(model_options, mark_by: str = "auto"):
     """The predictor of the command line through the one door (the model downloads here when it is
-    not cached)."""
-    return open_model(model_options)
+    not cached); `--mark-below-by p` refused there for a model without a calibration."""
+    return open_model(model_options, mark_by=mark_by)
 
 
 def predict_options(args) -> PredictOptions:
@@ -182,13 +175,13 @@ def given_sources(args) -> tuple[str, ...]:
 
 
 def _check_flags(args) -> None:
-    check_numbers(("--batch-images", args.batch_images, 1, None),
-                  ("--det-every", args.det_every, 1, None, " (1 = the detector on every frame)"),
-                  ("--keypoint-threshold", args.keypoint_threshold, 0.0, 1.0))
     for flag, value in (("--smooth-gap", args.smooth_gap), ("--smooth-cutoff", args.smooth_cutoff)):
         if value is not None and args.smooth != "offline":
             raise UsageError(f"{flag} sets up --smooth offline; add --smooth offline or leave out {flag}")
-    check_numbers(("--smooth-gap", args.smooth_gap, 0, None, " frames"))
+    check_numbers(("--batch-images", args.batch_images, 1, None),
+                  ("--det-every", args.det_every, 1, None, " (1 = the detector on every frame)"),
+                  ("--keypoint-threshold", args.keypoint_threshold, 0.0, 1.0),
+                  ("--smooth-gap", args.smooth_gap, 0, None, " frames"))
     if args.smooth_cutoff is not None and not args.smooth_cutoff > 0:
         raise UsageError(f"--smooth-cutoff must be > 0 Hz, got {args.smooth_cutoff}")
     if args.format != "coco" and args.json is None:
@@ -235,8 +228,7 @@ def run(args) -> int:
     run = dispatch.prepare(predict_options(args))  # everything checked before the model loads
     if run.spawn:
         return sharded.spawn_shards(run.options)
-    predictor = build_predictor(run.options.model)
-    check_mark_by(predictor, run.options.mark_by)
+    predictor = build_predictor(run.options.model, run.options.mark_by)
     if run.options.rescore == "calibrated":
         check_rescore_kept(predictor)
     if run.options.engine == "ray":  # the model runs in Ray's actors; opened here first all the same, so

@@ -26,14 +26,7 @@ import json
 import sys
 from pathlib import Path
 
-from vitpose.cli.options import (
-    add_mark_by_argument,
-    add_model_arguments,
-    check_mark_by,
-    check_numbers,
-    model_options,
-    open_model,
-)
+from vitpose.cli.options import add_mark_by_argument, add_model_arguments, check_numbers, model_options, open_model
 from vitpose.errors import EXIT_INTERRUPTED, EXIT_OK, UsageError
 
 FORMATS = ("labelstudio", "cvat", "coco")
@@ -107,7 +100,7 @@ def check_flags(args):
 def build_predictor(args):
     """The predictor of the command line through the one door; its flip test's two views are what
     the ranking reads (an exported graph with the flip test inside is refused: it cannot give them)."""
-    return open_model(model_options(args), views=True)
+    return open_model(model_options(args), views=True, mark_by=args.mark_below_by)
 
 
 def run(args) -> int:
@@ -119,7 +112,6 @@ def run(args) -> int:
     skip = frozenset(labelled_names(args.exclude.expanduser())) if args.exclude is not None else frozenset()
     boxes = read_boxes_file(args.boxes.expanduser()) if args.boxes is not None else None
     predictor = build_predictor(args)
-    check_mark_by(predictor, args.mark_below_by)
     with StopOnSignal() as stop:
         scores, completed = select_frames(predictor, args.source.expanduser(), kind, progress, boxes=boxes,
                                           every=args.every, skip=skip, resume=args.resume,

@@ -42,7 +42,6 @@ from vitpose.cli.options import (
     DEFAULT_MODEL,
     add_mark_by_argument,
     add_model_arguments,
-    check_mark_by,
     check_numbers,
     model_options,
     open_model,
@@ -167,8 +166,7 @@ def run(args) -> int:
                          f"this machine, or leave --host out (127.0.0.1)")
     sock = server.listen(args.host, args.port)  # before the model loads: a taken port fails at once
     try:  # the door refuses a bad --detector / --precision / --device or a missing model in one line
-        predictor = open_model(options)
-        check_mark_by(predictor, args.mark_below_by)
+        predictor = open_model(options, mark_by=args.mark_below_by)
         spec, details = describe(predictor, options.model)
     except BaseException:
         sock.close()

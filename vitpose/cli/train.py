@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 import vitpose
+from vitpose.cli.options import add_training_arguments
 from vitpose.config import find_config, load_config
 from vitpose.engine import runtime, session
 from vitpose.engine.loop import EXIT_NONFINITE, train
@@ -58,27 +59,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         f"{DEMO_CONFIG} with --demo)")
     p.add_argument("--demo", action="store_true",
                    help="train a small ViT on a synthetic COCO-layout set (written once to work_dirs/demo/synthetic_coco); minutes on a CPU")
-    p.add_argument("--amp", action="store_true",
-                   help="mixed precision: fp16 autocast + GradScaler on CUDA, bf16 autocast on CPU")
+    add_training_arguments(p)
     p.add_argument("--amp-dtype", choices=["float16", "bfloat16"], default=None,
                    help="autocast dtype with --amp (bfloat16 needs no scaler)")
-    p.add_argument("--batch-size", type=int, default=None, help="per-process batch size (loader.batch_size)")
-    p.add_argument("--workers", type=int, default=None, help="loader worker processes (loader.num_workers)")
-    p.add_argument("--epochs", type=int, default=None, help="schedule.epochs")
     p.add_argument("--data-root", default=None, help="COCO root holding annotations/, train2017/, val2017/")
-    p.add_argument("--work-dir", default=None, help="checkpoints, logs and the resolved config go here")
     p.add_argument("--init", default=None, metavar="SOURCE",
                    help="fine-tune from a pose model (model.init): a published name (vitpose-b), an HF repo id, a "
                         "weights or checkpoint file; the backbone whole, the head by keypoint name")
     p.add_argument("--init-expert", default=None, metavar="NAME",
                    help="the expert (dataset) of a ViTPose+ --init source: coco, aic, mpii, ap10k, apt36k, "
                         "coco_wholebody (model.init_expert)")
-    p.add_argument("--resume", default=None, metavar="auto|PATH",
-                   help="auto: the valid checkpoint in the work dir that records the most progress (fresh "
-                        "start if none); or a file")
-    p.add_argument("--overwrite", action="store_true",
-                   help="start from scratch in a work dir that holds an earlier run's checkpoints (overwriting them)")
-    p.add_argument("--seed", type=int, default=None, help="train.seed")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--detach", action="store_true",
                    help="run in the background in a new session; output to WORK_DIR/train.log")

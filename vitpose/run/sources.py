@@ -92,25 +92,25 @@ def list_images(sources) -> list[Path]:
     return paths
 
 
-def video_frame_count(video: Path) -> int:
-    """The frame count the container declares (0 when it declares none or cannot be opened)."""
+def _declared(video: Path, prop: int) -> float:
+    """A property the container declares (`cv2.CAP_PROP_*`; 0 when the file cannot be opened)."""
     with opencv_path(video) as name:
         capture = cv2.VideoCapture(name)
         try:
-            count = capture.get(cv2.CAP_PROP_FRAME_COUNT) if capture.isOpened() else 0
+            return capture.get(prop) if capture.isOpened() else 0.0
         finally:
             capture.release()
+
+
+def video_frame_count(video: Path) -> int:
+    """The frame count the container declares (0 when it declares none or cannot be opened)."""
+    count = _declared(video, cv2.CAP_PROP_FRAME_COUNT)
     return int(count) if count and count > 0 else 0
 
 
 def video_frame_rate(video: Path) -> float:
     """The frame rate the container declares (DEFAULT_FPS, as `FrameReader` takes, when it declares none)."""
-    with opencv_path(video) as name:
-        capture = cv2.VideoCapture(name)
-        try:
-            fps = capture.get(cv2.CAP_PROP_FPS) if capture.isOpened() else 0
-        finally:
-            capture.release()
+    fps = _declared(video, cv2.CAP_PROP_FPS)
     return float(fps) if fps and math.isfinite(fps) and fps > 0 else DEFAULT_FPS
 
 
