@@ -53,7 +53,8 @@ def one_batch():
 
 def training_session(model, ctx, compile_model=False):
     """What begin_epoch reads of a Session: the run, its position, the config and the messages."""
-    cfg = SimpleNamespace(train=SimpleNamespace(freeze_backbone_epochs=FREEZE_EPOCHS, compile=compile_model))
+    cfg = SimpleNamespace(train=SimpleNamespace(freeze_backbone_epochs=FREEZE_EPOCHS, compile=compile_model),
+                          distill=SimpleNamespace(teacher=None, head_epochs=0))  # the Config fields begin_epoch reads
     run = TrainRun(model, wrap_for_training(model, cfg, ctx), None, None, FP32, ctx,
                    SimpleNamespace(epoch=0))
     return SimpleNamespace(train_run=run, state=run.state, cfg=cfg, ctx=ctx,
