@@ -305,3 +305,15 @@ def test_a_videos_frames_become_unlabelled_instances(teacher, tmp_path, monkeypa
     assert len(coco["annotations"]) == 3  # one person a frame: full-frame boxes
     monkeypatch.setattr(U, "pseudo_coco", lambda *a: pytest.fail("the prepared files were not reused"))
     assert U.prepare_unlabelled(cfg) == manifest
+
+
+def test_a_distillation_with_amp_learns_with_finite_losses(teacher, tmp_path):
+    """--amp (bf16 autocast on a CPU) through the teacher, the projector and the three losses: every
+    logged loss finite, the student's weights kept in float32, its file scored."""
+    assert main(distill_argv(teacher, tmp_path, "--amp")) == 0
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+              if '"loss"' in line]
+    assert losses and all(np.isfinite(losses)), losses
+    saved = load_checkpoint(tmp_path / "last.pth")
+    assert saved["distill"]["student_ap"] is not None
+    assert all(t.dtype == torch.float32 for t in saved["model"].values() if t.is_floating_point())
