@@ -151,6 +151,45 @@ def test_dlc_csv_is_what_pandas_reads_as_the_h5s_table(tracked_records):
     np.testing.assert_array_equal(read.to_numpy(), frame.to_numpy())
 
 
+def test_dlc_h5_reads_back_as_its_csv(tracked_records, tmp_path):
+    """The .h5 (extra `dlc`, in the dev extra) holds the table the .csv holds: pandas reads both alike."""
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("tables")
+    h5 = write_pose_format(tracked_records, "dlc", tmp_path / "run.h5", COCO)
+    csv_file = write_pose_format(tracked_records, "dlc", tmp_path / "run.csv", COCO)
+    from_h5 = pd.read_hdf(h5)
+    from_csv = pd.read_csv(csv_file, header=[0, 1, 2, 3], index_col=0)
+    assert list(from_h5.columns) == list(from_csv.columns)
+    np.testing.assert_array_equal(from_h5.to_numpy(), from_csv.to_numpy())
+    assert np.isnan(from_h5.to_numpy()).any() and np.isfinite(from_h5.to_numpy()).any()
+
+
+def test_nwb_reads_back_with_pynwb_and_ndx_pose(tracked_records, tmp_path):
+    """NWB (extra `nwb`, in the dev extra) read by pynwb + ndx-pose in this process: one
+    PoseEstimation per track, a series per keypoint with the records' points, confidence (p where
+    given) and frame / fps timestamps, NaN where a track or a point is missing."""
+    pynwb = pytest.importorskip("pynwb")
+    ndx_pose = pytest.importorskip("ndx_pose")
+    path = write_pose_format(tracked_records, "nwb", tmp_path / "run.nwb", COCO, fps=25.0)
+    with pynwb.NWBHDF5IO(str(path), "r") as io:
+        behavior = io.read().processing["behavior"]
+        found = {name: pe for name, pe in behavior.data_interfaces.items() if isinstance(pe, ndx_pose.PoseEstimation)}
+        assert set(found) == {"PoseEstimation_track0", "PoseEstimation_track2"}
+        for track in (0, 2):
+            pe = found[f"PoseEstimation_track{track}"]
+            assert list(pe.skeleton.nodes[:]) == list(COCO.keypoint_names)
+            for k, name in enumerate(COCO.keypoint_names):
+                series = pe.pose_estimation_series[name]
+                np.testing.assert_allclose(series.timestamps[:], np.arange(5) / 25.0)
+                for frame in range(5):
+                    want = expected(tracked_records, frame, track)
+                    if want is None:
+                        assert np.isnan(series.data[frame]).all() and np.isnan(series.confidence[frame])
+                        continue
+                    np.testing.assert_array_equal(series.data[frame], want[0][k])
+                    np.testing.assert_array_equal(series.confidence[frame], want[1][k])
+
+
 def test_run_file_errors_name_the_line(tmp_path):
     bad = tmp_path / "run.jsonl"
     bad.write_text(json.dumps(record(0, 0)) + "\n{not json\n")
