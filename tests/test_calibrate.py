@@ -484,3 +484,29 @@ def test_p_within_int8s_gate_and_equal_in_openvino_and_a_graph_with_the_flip_tes
     agree = np.mean(np.concatenate([a.keypoint_visibility.ravel() == b.keypoint_visibility.ravel()
                                     for a, b in zip(eager, got)]))
     assert np.mean(np.abs(p_eager - p_int8)) < 0.05 and agree >= 0.9
+
+
+def test_the_training_set_is_refused_from_another_folder_than_trainings(tmp_path, monkeypatch):
+    """A config records `data.root` relative to where training ran; run from elsewhere, the check
+    must still find the training set (above the recorded work dir) instead of passing by not finding it."""
+    from vitpose.inference.calibrate import CalibrationDataError, _held_out
+
+    project = tmp_path / "project"
+    ann = project / "data" / "coco" / "annotations" / "person_keypoints_train2017.json"
+    ann.parent.mkdir(parents=True)
+    (project / "data" / "coco" / "train2017").mkdir()
+    ann.write_text(json.dumps({"images": [], "annotations": [], "categories": []}))
+    config = {"data": {"root": "data/coco", "train_ann": "annotations/person_keypoints_train2017.json"},
+              "train": {"work_dir": str(project / "work_dirs" / "demo")}}
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    with pytest.raises(CalibrationDataError, match="training set"):
+        _held_out(str(ann), config)
+    copy = elsewhere / "copy.json"  # the same content under another name
+    copy.write_text(ann.read_text())
+    with pytest.raises(CalibrationDataError, match="training set"):
+        _held_out(str(copy), config)
+    other = elsewhere / "held.json"
+    other.write_text(json.dumps({"images": [], "annotations": [], "categories": [{"id": 1}]}))
+    assert _held_out(str(other), config)[0] == other

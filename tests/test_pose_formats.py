@@ -161,6 +161,42 @@ def test_run_file_errors_name_the_line(tmp_path):
         read_run(bad)
 
 
+BAD_RECORDS = [  # (what is changed in the second record, what the one line names)
+    (lambda r: r.update(frame="abc"), "'frame' must be a video's frame index"),
+    (lambda r: r.update(frame=None), "'frame' must be a video's frame index"),
+    (lambda r: r.update(frame=-3), "'frame' must be a video's frame index"),
+    (lambda r: r.update(frame=1.5), "'frame' must be a video's frame index"),
+    (lambda r: r.update(frame=10 ** 10), "'frame' must be a video's frame index"),  # would size the table
+    (lambda r: r["keypoints"].__setitem__(0, "x"), "'keypoints' must be a list of numbers"),
+    (lambda r: r["keypoints"].__setitem__(0, [1]), "'keypoints' must be a list of numbers"),
+    (lambda r: r.update(p=["a"] * K), "'p' must be a list of numbers"),
+    (lambda r: r.update(p=[1.5] * K), "'p' holds 1.5: a probability is in [0, 1]"),
+    (lambda r: r.update(track_id="a"), "'track_id' must be an integer"),
+    (lambda r: r.update(bbox=[1, 2]), "'bbox' has 2 values; it must have 4"),
+    (lambda r: r.update(score="high"), "'score' must be a number"),
+    (lambda r: r.update(keypoints=r["keypoints"][:-3]), "16 keypoints where the first has 17"),
+]
+
+
+@pytest.mark.parametrize("change, expected", BAD_RECORDS)
+def test_a_bad_record_is_one_line_naming_its_line_in_convert_and_triangulate(tmp_path, capsys, change, expected):
+    """convert and triangulate read records through the one check: a hand-edited field is one line
+    (file, line, field) and exit 2, never a traceback from deep in a writer, nor an output sized by it."""
+    from vitpose.errors import UserError
+    from vitpose.multiview.views import read_views
+
+    bad = record(1, 0)
+    change(bad)
+    run = tmp_path / "run.jsonl"
+    run.write_text(json.dumps(record(0, 0)) + "\n" + json.dumps(bad) + "\n")
+    code = cli.main(["convert", str(run), "--format", "alphapose", "--out", str(tmp_path / "out.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "run.jsonl: line 2" in err[0] and expected in err[0], err
+    assert not (tmp_path / "out.json").exists()
+    with pytest.raises(UserError, match=r"run.jsonl:2: .*" + expected.replace("[", r"\[").replace("]", r"\]")):
+        read_views(run)
+
+
 # ---------------------------------------------------------------------------------------------
 # vitpose convert: the command line
 

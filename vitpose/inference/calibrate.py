@@ -122,17 +122,32 @@ def right_within_tolerance(predicted, label, bbox, area, tolerance: dict) -> np.
 # The held-out set
 
 
+def _recorded_training_sets(config: dict | None) -> list[Path]:
+    """The training annotation files a config records that exist here. A relative `data.root` is
+    relative to where training ran, which the config does not record: it is looked for from the
+    current folder and from each folder above the recorded `train.work_dir` (a work dir lies under
+    the folder training ran in), so a check from another folder does not pass by not finding it."""
+    config = config or {}
+    data_cfg = config.get("data") if isinstance(config.get("data"), dict) else {}
+    if not (data_cfg.get("root") and data_cfg.get("train_ann")):
+        return []
+    relative = Path(data_cfg["root"]) / data_cfg["train_ann"]
+    bases = [Path.cwd()]
+    work_dir = (config.get("train") or {}).get("work_dir") if isinstance(config.get("train"), dict) else None
+    if work_dir and not relative.is_absolute():
+        bases += list(Path(work_dir).absolute().parents)
+    found = [base / relative for base in bases if (base / relative).is_file()]
+    return list(dict.fromkeys(found))
+
+
 def _held_out(data: str, config: dict | None) -> tuple[Path, Path, dict]:
     """(annotation file, image folder, the COCO file) of `--data`; refused when it is the training
     set the model file records."""
     from vitpose.inference.export_data import coco_set
 
     ann_file, images = coco_set(data, "--data")
-    data_cfg = (config or {}).get("data") if isinstance((config or {}).get("data"), dict) else {}
-    if data_cfg.get("root") and data_cfg.get("train_ann"):
-        trained = Path(data_cfg["root"]) / data_cfg["train_ann"]
-        same = trained.is_file() and (trained.resolve() == ann_file.resolve() or _sha256(trained) == _sha256(ann_file))
-        if same:
+    for trained in _recorded_training_sets(config):
+        if trained.resolve() == ann_file.resolve() or _sha256(trained) == _sha256(ann_file):
             raise CalibrationDataError(f"--data {data}: {ann_file} is the training set the model file records "
                                        f"({trained}); calibrate on held-out images (e.g. its validation set)")
     try:
