@@ -285,6 +285,9 @@ def test_two_people_are_told_apart_without_track_ids():
     ("ids", "--match ids: camera 1, frame 0: a record without 'track_id'"),
     ("keypoints", "cam3.jsonl: 5 keypoints a record"),
     ("cutoff", "--cutoff must be in [0.1, 15] (half of --fps 30)"),
+    ("focal", "[cam_0] 'matrix' has focal lengths 0, 0"),  # every point would project to the centre
+    ("same file", "cam1.jsonl twice: each camera is one file of its own"),
+    ("same camera", "--cameras names cam1 twice"),
 ])
 def test_bad_input_is_one_line(tmp_path, capsys, problem, expected):
     scene = synthetic_scene(cameras=4, frames=5)
@@ -304,6 +307,15 @@ def test_bad_input_is_one_line(tmp_path, capsys, problem, expected):
         path.write_text("\n".join(lines) + "\n")
     elif problem == "missing":
         calibration = tmp_path / "none.toml"
+    elif problem == "focal":
+        text = calibration.read_text()
+        first = text.index("matrix = [ [ ") + len("matrix = [ [ ")
+        fx = text[first:text.index(",", first)]
+        calibration.write_text(text.replace(fx, "0.0", 2))
+    elif problem == "same file":
+        files[1] = files[0]
+    elif problem == "same camera":
+        extra = ["--cameras", "cam1,cam1,cam2,cam3"]
     elif problem == "keypoints":
         Path(files[2]).write_text(json.dumps({"frame": 0, "keypoints": [1.0, 2.0, 0.9] * 5}) + "\n")
     status = main(["triangulate", *files, "--calibration", str(calibration), "--out", str(tmp_path / "p.trc"), *extra])

@@ -67,9 +67,22 @@ def person_path(out: Path, person: int, people: int) -> Path:
     return out if person == 0 or people == 1 else out.with_name(f"{out.stem}_{person + 1}{out.suffix}")
 
 
+def _repeated(names) -> str | None:
+    seen = set()
+    for name in names:
+        if name in seen:
+            return name
+        seen.add(name)
+    return None
+
+
 def chosen_cameras(options: TriangulateOptions) -> list:
     """The calibration's camera of each file: `cameras` by name, else in the file's order."""
     cameras = read_calibration(options.calibration)
+    twice = _repeated(options.cameras) or _repeated([str(Path(v).resolve()) for v in options.views])
+    if twice:
+        flag = "--cameras names" if _repeated(options.cameras) else "the files name"
+        raise UsageError(f"{flag} {twice} twice: each camera is one file of its own")
     if options.cameras:
         by_name = {c.name: c for c in cameras}
         unknown = [n for n in options.cameras if n not in by_name]
