@@ -197,6 +197,19 @@ def test_a_bad_record_is_one_line_naming_its_line_in_convert_and_triangulate(tmp
         read_views(run)
 
 
+@pytest.mark.parametrize("stem", ["../../escaped", "a/b", "x/"])
+def test_a_stem_with_a_folder_is_refused_and_nothing_is_written_outside_out(tmp_path, capsys, stem):
+    """OpenPose's file names start with --stem: '../x' wrote every frame's file two folders above --out."""
+    run = tmp_path / "deep" / "run.jsonl"
+    run.parent.mkdir()
+    run.write_text(json.dumps(record(0, 0)) + "\n")
+    out = tmp_path / "deep" / "sub" / "op"
+    code = cli.main(["convert", str(run), "--format", "openpose", "--out", str(out), "--stem", stem])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--stem" in err[0], err
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == ["deep", "deep/run.jsonl"]
+
+
 # ---------------------------------------------------------------------------------------------
 # vitpose convert: the command line
 
