@@ -210,6 +210,15 @@ def test_a_stem_with_a_folder_is_refused_and_nothing_is_written_outside_out(tmp_
     assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == ["deep", "deep/run.jsonl"]
 
 
+def test_convert_refuses_an_infinite_frame_rate(tmp_path, capsys):
+    """--fps inf passed '> 0' and would have given every NWB timestamp 0."""
+    run = tmp_path / "run.jsonl"
+    run.write_text(json.dumps(record(0, 0)) + "\n")
+    code = cli.main(["convert", str(run), "--format", "nwb", "--fps", "inf", "--out", str(tmp_path / "x.nwb")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--fps" in err[0], err
+
+
 # ---------------------------------------------------------------------------------------------
 # vitpose convert: the command line
 

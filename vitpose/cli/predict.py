@@ -184,7 +184,8 @@ def given_sources(args) -> tuple[str, ...]:
 def _check_flags(args) -> None:
     check_numbers(("--batch-images", args.batch_images, 1, None),
                   ("--det-every", args.det_every, 1, None, " (1 = the detector on every frame)"),
-                  ("--keypoint-threshold", args.keypoint_threshold, 0.0, 1.0))
+                  ("--keypoint-threshold", args.keypoint_threshold, 0.0, 1.0),
+                  ("--mark-below", args.mark_below, 0.0, 1.0, " (as vitpose serve's)"))
     for flag, value in (("--smooth-gap", args.smooth_gap), ("--smooth-cutoff", args.smooth_cutoff)):
         if value is not None and args.smooth != "offline":
             raise UsageError(f"{flag} sets up --smooth offline; add --smooth offline or leave out {flag}")
@@ -209,6 +210,9 @@ def _check_flags(args) -> None:
         raise UsageError("--rescore calibrated runs with the local engine; leave out --engine ray")
     if args.boxes is None and args.detector == "none":
         raise UsageError("--detector none needs the boxes from --boxes FILE.json (or use --detector full-frame)")
+    from vitpose.inference.records import parse_marking  # the server's check of the same two values
+
+    parse_marking(args.mark_below, args.mark_below_by)
 
 
 def check_rescore_kept(predictor) -> None:
