@@ -510,3 +510,29 @@ def test_the_training_set_is_refused_from_another_folder_than_trainings(tmp_path
     other = elsewhere / "held.json"
     other.write_text(json.dumps({"images": [], "annotations": [], "categories": [{"id": 1}]}))
     assert _held_out(str(other), config)[0] == other
+
+
+@pytest.mark.parametrize("field, value", [("bbox", [float("nan")] * 4), ("keypoints", [None] * 51)])
+def test_a_label_with_nan_or_null_is_one_line_before_any_forward_pass(tmp_path, field, value):
+    """A NaN box or a null keypoint in --data ended in a traceback (exit 70) after the model had run
+    on the set; the labels are now read as training reads them, first."""
+    from vitpose.errors import UserError
+    from vitpose.inference.calibrate import _check_labels
+
+    people = [{"id": i + 1, "image_id": 1, "category_id": 1, "iscrowd": 0, "num_keypoints": 17, "area": 400.0,
+               "bbox": [10.0, 10.0, 20.0, 20.0], "keypoints": [15.0, 15.0, 2] * 17} for i in range(25)]
+    people[3][field] = value
+    coco = {"images": [{"id": 1, "file_name": "a.jpg", "width": 64, "height": 64}], "annotations": people,
+            "categories": [{"id": 1, "name": "person", "keypoints": [f"k{i}" for i in range(17)]}]}
+    ann = tmp_path / "held.json"
+    ann.write_text(json.dumps(coco))
+    with pytest.raises(UserError, match=f"annotation id 4.*'{field}'"):
+        _check_labels(ann, coco, 17)
+
+
+def test_calibrate_refuses_an_exported_file_name_for_out(tmp_path, capsys):
+    """--out x.onnx got a torch checkpoint that every loader would then read as ONNX."""
+    code = main(["calibrate", "--model", str(tmp_path / "m.pth"), "--data", str(tmp_path), "--out",
+                 str(tmp_path / "m.onnx")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--out" in err[0] and "weights file" in err[0], err

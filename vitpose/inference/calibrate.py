@@ -168,6 +168,18 @@ def _people_by_image(coco: dict, num_keypoints: int) -> dict:
     return {image["id"]: (image, people[image["id"]]) for image in coco.get("images", []) if image["id"] in people}
 
 
+def _check_labels(ann_file: Path, coco: dict, k: int) -> None:
+    """The labels read as training reads them (`build_coco_index`: a null or NaN keypoint, a NaN box,
+    K that is not the model's: one line naming the record), and enough people, before any forward pass."""
+    from vitpose.data.coco_index import build_coco_index
+
+    build_coco_index(ann_file, num_keypoints=k)
+    people = sum(len(anns) for _, anns in _people_by_image(coco, k).values())
+    if people < MIN_PEOPLE:
+        raise CalibrationDataError(f"--data: {people} labelled people of {k} keypoints; calibrating needs at least "
+                                   f"{MIN_PEOPLE} held-out people")
+
+
 def collect(predictor, coco: dict, images: Path, tolerance: dict) -> dict:
     """Every labelled keypoint of the set through the predictor: {variant: (features (n, F),
     right (n,))} and the labels (n,) of visibility, keypoint types (n,) and images (n,)."""
@@ -198,9 +210,6 @@ def collect(predictor, coco: dict, images: Path, tolerance: dict) -> dict:
                             for a, kp, sc in zip(anns, *found["flip_views"][:2])]
             states.append(np.clip(label[..., 2], 0, 2).astype(int).ravel())
             image_of.append(np.full(len(anns) * k, image_id))
-    if sum(len(table[i][1]) for i in ids) < MIN_PEOPLE:
-        raise CalibrationDataError(f"--data: {sum(len(table[i][1]) for i in ids)} labelled people of {k} keypoints; "
-                                   f"calibrating needs at least {MIN_PEOPLE} held-out people")
     joined = {v: (np.concatenate(features[v]), np.concatenate(right[v]).astype(np.float64)) for v in VARIANTS}
     count = len(np.concatenate(states))
     return {"variants": joined, "states": np.concatenate(states), "image_of": np.concatenate(image_of),
@@ -289,6 +298,9 @@ def calibrate(options: CalibrateOptions, log=print) -> CalibrationRun:
         raise CalibrationDataError(f"--model {options.model}: calibrate the weights file, then export it "
                                    f"(the export carries the calibration)")
     out = Path(options.out) if options.out else default_out(options.model)
+    if is_exported(out):  # the loaders would read the torch file written there as ONNX / OpenVINO
+        raise CalibrationDataError(f"--out {out}: calibrate writes a weights file (.pth or .safetensors); "
+                                   f"export that file afterwards (the export carries the calibration)")
     plot = Path(options.plot) if options.plot else out.with_name(out.name.split(".")[0] + ".reliability.png")
     check_output(out, "--out", inputs=(options.model, options.data))
     check_output(plot, "--plot", inputs=(options.model, options.data, out))
@@ -300,6 +312,7 @@ def calibrate(options: CalibrateOptions, log=print) -> CalibrationRun:
         _held_out(options.data, load_config(options.config).to_dict())
     predictor = Predictor(loaded.model, device=options.device, codec=loaded.codec, skeleton=loaded.skeleton,
                           batch_size=options.batch_size, precision="fp32")
+    _check_labels(ann_file, coco, predictor.num_keypoints)
     tolerance = tolerance_of(loaded.skeleton)
     collected = collect(predictor, coco, images, tolerance)
     figures, lines, (raw, p, right) = measure(collected, options.seed)
