@@ -288,14 +288,15 @@ def test_two_people_are_told_apart_without_track_ids():
     ("focal", "[cam_0] 'matrix' has focal lengths 0, 0"),  # every point would project to the centre
     ("same file", "cam1.jsonl twice: each camera is one file of its own"),
     ("same camera", "--cameras names cam1 twice"),
-    ("fps", "--fps must be a finite number, got inf"),  # passed every lower bound; the .trc said DataRate inf
+    ("fps", "--fps must be a finite number, got inf"),
+    ("errors", "--errors"),  # the CSV written over the .trc, both reported written  # passed every lower bound; the .trc said DataRate inf
 ])
 def test_bad_input_is_one_line(tmp_path, capsys, problem, expected):
     scene = synthetic_scene(cameras=4, frames=5)
     files = write_inputs(tmp_path, scene, track_ids=problem != "ids")
     calibration = tmp_path / "cams.toml"
     extra = {"ids": ["--match", "ids"], "cutoff": ["--refine", "--cutoff", "20"],
-             "fps": ["--fps", "inf"]}.get(problem, [])
+             "fps": ["--fps", "inf"], "errors": ["--errors", str(tmp_path / "p.trc")]}.get(problem, [])
     if problem == "count":
         files = files[:2]
     elif problem == "camera":

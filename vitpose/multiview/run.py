@@ -108,7 +108,7 @@ def triangulate_files(options: TriangulateOptions) -> TriangulateSummary:
     """Read, associate, triangulate (and refine) every person, write the .trc files and the CSV."""
     inputs = [options.calibration, *options.views]
     check_output(options.out, "--out", "file", inputs)
-    check_output(errors_path(options), "--errors", "file", inputs)
+    check_output(errors_path(options), "--errors", "file", [*inputs, options.out])  # nor the .trc written first
     cameras = chosen_cameras(options)
     views = [read_views(path) for path in options.views]
     counts = [len(next(iter(view.values()))[0].weights) for view in views]
