@@ -157,36 +157,41 @@ def _held_out(data: str, config: dict | None) -> tuple[Path, Path, dict]:
     return ann_file, images, coco
 
 
-def _people_by_image(coco: dict, num_keypoints: int) -> dict:
-    """{image record: [annotations with keypoints]} of the labelled, non-crowd people."""
+def _people_by_image(coco: dict, num_keypoints: int, keep: set | None = None) -> dict:
+    """{image record: [annotations with keypoints]} of the labelled, non-crowd people (of `keep`,
+    the annotation ids training's reader keeps, where given)."""
     people = {}
     for ann in coco.get("annotations", []):
         keypoints = ann.get("keypoints") or []
         if ann.get("iscrowd") or ann.get("num_keypoints", 1) == 0 or len(keypoints) != 3 * num_keypoints:
             continue
+        if keep is not None and ann.get("id") not in keep:
+            continue
         people.setdefault(ann["image_id"], []).append(ann)
     return {image["id"]: (image, people[image["id"]]) for image in coco.get("images", []) if image["id"] in people}
 
 
-def _check_labels(ann_file: Path, coco: dict, k: int) -> None:
+def _check_labels(ann_file: Path, coco: dict, k: int) -> set:
     """The labels read as training reads them (`build_coco_index`: a null or NaN keypoint, a NaN box,
-    K that is not the model's: one line naming the record), and enough people, before any forward pass."""
+    K that is not the model's: one line naming the record), and enough people, before any forward
+    pass. Returns the annotation ids that reader keeps (an empty box, say, is dropped there too)."""
     from vitpose.data.coco_index import build_coco_index
 
-    build_coco_index(ann_file, num_keypoints=k)
-    people = sum(len(anns) for _, anns in _people_by_image(coco, k).values())
+    keep = set(build_coco_index(ann_file, num_keypoints=k).ids.tolist())
+    people = sum(len(anns) for _, anns in _people_by_image(coco, k, keep).values())
     if people < MIN_PEOPLE:
         raise CalibrationDataError(f"--data: {people} labelled people of {k} keypoints; calibrating needs at least "
                                    f"{MIN_PEOPLE} held-out people")
+    return keep
 
 
-def collect(predictor, coco: dict, images: Path, tolerance: dict) -> dict:
+def collect(predictor, coco: dict, images: Path, tolerance: dict, keep: set | None = None) -> dict:
     """Every labelled keypoint of the set through the predictor: {variant: (features (n, F),
     right (n,))} and the labels (n,) of visibility, keypoint types (n,) and images (n,)."""
     from vitpose.data.image_io import load_image
 
     k = predictor.num_keypoints
-    table = _people_by_image(coco, k)
+    table = _people_by_image(coco, k, keep)
     features = {v: [] for v in VARIANTS}
     right = {v: [] for v in VARIANTS}
     states, image_of, raw, predictions = [], [], [], []
@@ -312,9 +317,9 @@ def calibrate(options: CalibrateOptions, log=print) -> CalibrationRun:
         _held_out(options.data, load_config(options.config).to_dict())
     predictor = Predictor(loaded.model, device=options.device, codec=loaded.codec, skeleton=loaded.skeleton,
                           batch_size=options.batch_size, precision="fp32")
-    _check_labels(ann_file, coco, predictor.num_keypoints)
+    keep = _check_labels(ann_file, coco, predictor.num_keypoints)
     tolerance = tolerance_of(loaded.skeleton)
-    collected = collect(predictor, coco, images, tolerance)
+    collected = collect(predictor, coco, images, tolerance, keep)
     figures, lines, (raw, p, right) = measure(collected, options.seed)
     calibration = {"version": CALIBRATION_VERSION, "tolerance": tolerance, "variants": fit_calibration(collected),
                    "fitted_on": {"file": str(ann_file), "sha256": _sha256(ann_file), "images": collected["images"],
