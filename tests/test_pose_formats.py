@@ -371,6 +371,23 @@ def test_a_stopped_run_writes_the_frames_done_and_keeps_an_earlier_output(predic
     assert path.read_text() == earlier  # a stopped run never replaces an earlier output
 
 
+def test_a_stopped_offline_smoothing_run_does_not_send_the_user_to_resume(predictor, video, tmp_path):  # noqa: F811
+    """Ctrl-C during --smooth offline said "run again with --resume", which that run refuses."""
+    calls = []
+
+    def stopped_on_the_second_batch(images, channels="rgb"):
+        calls.append(len(images))
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return blob_detector(images)
+
+    path = tmp_path / "walk.jsonl"
+    args = options(tmp_path, json=str(path), smooth="offline", pipeline="sequential", batch_frames=4, track=True)
+    summary = run_video(with_detector(predictor, stopped_on_the_second_batch), str(video), args)
+    assert summary.interrupted and summary.frames_done == 4 and len(path.read_text().splitlines()) >= 1
+    assert "written whole: run again to finish it" in summary.format() and "--resume" not in summary.format()
+
+
 @pytest.mark.parametrize("flags", [["--config", "demo_k5"], ["--skeleton", str(REPO / "configs" / "demo_k5_skeleton.yaml")]])
 def test_convert_names_the_keypoints_of_the_skeleton_given(tmp_path, flags, capsys, monkeypatch):
     monkeypatch.chdir(REPO)  # demo_k5's skeleton path is relative to the repository
