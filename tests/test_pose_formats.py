@@ -253,7 +253,8 @@ def test_convert_refuses_bad_input_in_one_line_each(tmp_path, tracked_records, c
 
 
 def test_predict_refuses_formats_it_cannot_write(tmp_path, capsys):
-    image = tmp_path / "img.jpg"
+    image = tmp_path / "imgs" / "img.jpg"  # the outputs beside the image folder: never inside it
+    image.parent.mkdir()
     image.write_bytes((REPO / "tests" / "fixtures" / "README.md").read_bytes())
     cases = [(["--format", "nwb", "--json", str(tmp_path / "x.nwb")], "time series of a video"),
              (["--format", "openpose"], "give --json"),
@@ -262,7 +263,7 @@ def test_predict_refuses_formats_it_cannot_write(tmp_path, capsys):
              (["--format", "openpose", "--json", str(tmp_path / "p"), "--out", str(tmp_path / "p" / "d")],
               "write them apart")]
     for extra, message in cases:
-        assert cli.main(["predict", str(tmp_path), "--detector", "full-frame", *extra]) == 2
+        assert cli.main(["predict", str(tmp_path / "imgs"), "--detector", "full-frame", *extra]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], (extra, err)
 

@@ -288,8 +288,9 @@ def test_two_people_are_told_apart_without_track_ids():
     ("focal", "[cam_0] 'matrix' has focal lengths 0, 0"),  # every point would project to the centre
     ("same file", "cam1.jsonl twice: each camera is one file of its own"),
     ("same camera", "--cameras names cam1 twice"),
-    ("fps", "--fps must be a finite number, got inf"),
-    ("errors", "--errors"),  # the CSV written over the .trc, both reported written  # passed every lower bound; the .trc said DataRate inf
+    ("fps", "--fps must be a finite number, got inf"),  # passed every lower bound; the .trc said DataRate inf
+    ("errors", "--errors"),  # the CSV written over the .trc, both reported written
+    ("same place", "are at the same place: no baseline"),  # NaN warnings, then no person
 ])
 def test_bad_input_is_one_line(tmp_path, capsys, problem, expected):
     scene = synthetic_scene(cameras=4, frames=5)
@@ -315,6 +316,13 @@ def test_bad_input_is_one_line(tmp_path, capsys, problem, expected):
         first = text.index("matrix = [ [ ") + len("matrix = [ [ ")
         fx = text[first:text.index(",", first)]
         calibration.write_text(text.replace(fx, "0.0", 2))
+    elif problem == "same place":
+        text = calibration.read_text()
+        tables = text.split("\n\n")
+        tables[1] = "\n".join(line if not line.startswith(("rotation", "translation")) else
+                              next(l for l in tables[0].splitlines() if l.startswith(line.split(" ")[0]))
+                              for line in tables[1].splitlines())
+        calibration.write_text("\n\n".join(tables))
     elif problem == "same file":
         files[1] = files[0]
     elif problem == "same camera":

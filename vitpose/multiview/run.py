@@ -90,6 +90,12 @@ def chosen_cameras(options: TriangulateOptions) -> list:
             raise CalibrationError(f"--calibration {options.calibration} has no camera named {unknown[0]!r} "
                                    f"(it has {', '.join(by_name)}); check --cameras")
         cameras = [by_name[n] for n in options.cameras]
+    centres = [-c.rotation.T @ c.translation for c in cameras]
+    for a in range(len(cameras)):
+        for b in range(a + 1, len(cameras)):
+            if np.linalg.norm(centres[a] - centres[b]) <= 1e-9 * (1 + np.linalg.norm(centres[a])):
+                raise CalibrationError(f"--calibration {options.calibration}: cameras {cameras[a].name!r} and "
+                                       f"{cameras[b].name!r} are at the same place: no baseline to triangulate from")
     if len(cameras) != len(options.views):
         raise UsageError(f"{len(options.views)} JSON Lines files for the {len(cameras)} cameras of --calibration "
                          f"{options.calibration}: give one file per camera, in its order (or name them with --cameras)")
