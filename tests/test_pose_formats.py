@@ -178,6 +178,25 @@ BAD_RECORDS = [  # (what is changed in the second record, what the one line name
 ]
 
 
+@pytest.mark.parametrize("change, expected", [
+    (lambda r: r.update(file_name=["a"]), "'file_name' must be the image's file name"),
+    (lambda r: r.update(image_id={"a": 1}), "'image_id' must be an integer or a string"),
+])
+def test_an_image_record_with_a_bad_name_is_one_line(tmp_path, capsys, change, expected):
+    """An image's file_name or image_id that is a list or an object ended in 'unhashable type' (exit 70)."""
+    first, bad = record(0, 0), record(0, 1)
+    for r in (first, bad):
+        del r["frame"]
+        r["file_name"] = "a.jpg"
+    del bad["file_name"]
+    change(bad)
+    run = tmp_path / "run.jsonl"
+    run.write_text(json.dumps(first) + "\n" + json.dumps(bad) + "\n")
+    code = cli.main(["convert", str(run), "--format", "alphapose", "--out", str(tmp_path / "out.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "run.jsonl: line 2" in err[0] and expected in err[0], err
+
+
 @pytest.mark.parametrize("change, expected", BAD_RECORDS)
 def test_a_bad_record_is_one_line_naming_its_line_in_convert_and_triangulate(tmp_path, capsys, change, expected):
     """convert and triangulate read records through the one check: a hand-edited field is one line

@@ -64,6 +64,12 @@ def check_record(record, where: str, video: bool | None = None) -> dict:
         if not _is_int(frame) or not 0 <= frame <= MAX_FRAME:
             raise RecordError(f"{where}: 'frame' must be a video's frame index, an integer from 0 to {MAX_FRAME:,}; "
                               f"got {frame!r}")
+    else:
+        if "file_name" in record and not isinstance(record["file_name"], str):
+            raise RecordError(f"{where}: 'file_name' must be the image's file name (a string), "
+                              f"got {record['file_name']!r}")
+        if "image_id" in record and not (_is_int(record["image_id"]) or isinstance(record["image_id"], str)):
+            raise RecordError(f"{where}: 'image_id' must be an integer or a string, got {record['image_id']!r}")
     if record.get("p") is not None:
         _numbers(where, record, "p", len(flat) // 3, unit=True)
     if record.get("track_id") is not None and not _is_int(record["track_id"]):
