@@ -484,3 +484,60 @@ def test_p_within_int8s_gate_and_equal_in_openvino_and_a_graph_with_the_flip_tes
     agree = np.mean(np.concatenate([a.keypoint_visibility.ravel() == b.keypoint_visibility.ravel()
                                     for a, b in zip(eager, got)]))
     assert np.mean(np.abs(p_eager - p_int8)) < 0.05 and agree >= 0.9
+
+
+def test_the_training_set_is_refused_from_another_folder_than_trainings(tmp_path, monkeypatch):
+    """A config records `data.root` relative to where training ran; run from elsewhere, the check
+    must still find the training set (above the recorded work dir) instead of passing by not finding it."""
+    from vitpose.inference.calibrate import CalibrationDataError, _held_out
+
+    project = tmp_path / "project"
+    ann = project / "data" / "coco" / "annotations" / "person_keypoints_train2017.json"
+    ann.parent.mkdir(parents=True)
+    (project / "data" / "coco" / "train2017").mkdir()
+    ann.write_text(json.dumps({"images": [], "annotations": [], "categories": []}))
+    config = {"data": {"root": "data/coco", "train_ann": "annotations/person_keypoints_train2017.json"},
+              "train": {"work_dir": str(project / "work_dirs" / "demo")}}
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    with pytest.raises(CalibrationDataError, match="training set"):
+        _held_out(str(ann), config)
+    copy = elsewhere / "copy.json"  # the same content under another name
+    copy.write_text(ann.read_text())
+    with pytest.raises(CalibrationDataError, match="training set"):
+        _held_out(str(copy), config)
+    other = elsewhere / "held.json"
+    other.write_text(json.dumps({"images": [], "annotations": [], "categories": [{"id": 1}]}))
+    assert _held_out(str(other), config)[0] == other
+
+
+@pytest.mark.parametrize("field, value", [("bbox", [float("nan")] * 4), ("keypoints", [None] * 51),
+                                          ("bbox", [10.0, 10.0, 0.0, 0.0])])
+def test_a_label_with_nan_or_null_is_one_line_before_any_forward_pass(tmp_path, field, value):
+    """A NaN box or a null keypoint in --data ended in a traceback (exit 70) after the model had run
+    on the set; the labels are now read as training reads them, first. An empty box (which the
+    predictor refuses: exit 70 too) is dropped, as training's reader drops it."""
+    from vitpose.errors import UserError
+    from vitpose.inference.calibrate import _check_labels
+
+    people = [{"id": i + 1, "image_id": 1, "category_id": 1, "iscrowd": 0, "num_keypoints": 17, "area": 400.0,
+               "bbox": [10.0, 10.0, 20.0, 20.0], "keypoints": [15.0, 15.0, 2] * 17} for i in range(25)]
+    people[3][field] = value
+    coco = {"images": [{"id": 1, "file_name": "a.jpg", "width": 64, "height": 64}], "annotations": people,
+            "categories": [{"id": 1, "name": "person", "keypoints": [f"k{i}" for i in range(17)]}]}
+    ann = tmp_path / "held.json"
+    ann.write_text(json.dumps(coco))
+    if value[2] == 0.0:
+        assert _check_labels(ann, coco, 17) == set(range(1, 26)) - {4}
+        return
+    with pytest.raises(UserError, match=f"annotation id 4.*'{field}'"):
+        _check_labels(ann, coco, 17)
+
+
+def test_calibrate_refuses_an_exported_file_name_for_out(tmp_path, capsys):
+    """--out x.onnx got a torch checkpoint that every loader would then read as ONNX."""
+    code = main(["calibrate", "--model", str(tmp_path / "m.pth"), "--data", str(tmp_path), "--out",
+                 str(tmp_path / "m.onnx")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--out" in err[0] and "weights file" in err[0], err

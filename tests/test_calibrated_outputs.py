@@ -313,3 +313,21 @@ def test_predict_rescores_only_a_model_whose_gate_kept_it():
     for spec in (None, {"calibration": {"rescore_kept": False}}, {"calibration": None}):
         with pytest.raises(RescoreError, match="rescore_kept"):
             check_rescore_kept(SimpleNamespace(spec=spec, model=None))
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "2"])
+def test_a_threshold_that_marks_nothing_or_everything_is_refused(value, tmp_path, capsys):
+    """NaN marked no point and infinity every point, silently, in vitpose predict and in a server
+    request alike; predict's --mark-below is bounded as vitpose serve's is."""
+    from vitpose.cli import main
+    from vitpose.inference.records import MarkingError, parse_marking
+
+    if value != "2":
+        with pytest.raises(MarkingError, match="finite number") as caught:
+            parse_marking(value, "auto")
+        assert caught.value.http_status == 400
+    (tmp_path / "imgs").mkdir()
+    code = main(["predict", str(tmp_path / "imgs"), "--model", "no-such-model", "--mark-below", value,
+                 "--format", "labelstudio", "--json", str(tmp_path / "tasks.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--mark-below" in err[0], err

@@ -571,3 +571,37 @@ def test_the_atomic_writers_fsync_the_data_then_rename_then_fsync_the_folder(tmp
     assert len(renames) == 1, events
     assert ("fsync", "file", new_inode) in events[:renames[0]], events
     assert ("fsync", "folder", os.stat(tmp_path).st_ino) in events[renames[0] + 1:], events
+
+
+def test_an_output_inside_an_input_folder_is_refused_before_any_work(tmp_path, capsys):
+    """An input folder (images, a labelled set) is the user's: nothing a run writes goes inside it,
+    however the path is spelt (nested, through a link); beside it is fine."""
+    from vitpose.cli import main
+    from vitpose.files import OutputPathError, check_output
+
+    data = tmp_path / "held"
+    (data / "annotations").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(data)
+    for inside in (data / "x.pth", data / "annotations" / "new" / "x.pth", tmp_path / "link" / "x.pth"):
+        with pytest.raises(OutputPathError, match="is inside the input folder"):
+            check_output(inside, "--out", inputs=[data])
+        with pytest.raises(OutputPathError, match="is inside the input folder"):
+            check_output(inside.with_suffix(""), "--out", "dir", inputs=[data])
+    assert check_output(tmp_path / "x.pth", "--out", inputs=[data]) == tmp_path / "x.pth"
+    code = main(["calibrate", "--model", str(tmp_path / "m.pth"), "--data", str(data),
+                 "--out", str(data / "m.cal.pth")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--out" in err[0] and "inside the input folder" in err[0], err
+    assert sorted(p.name for p in data.iterdir()) == ["annotations"]
+
+
+@pytest.mark.parametrize("flag, target", [("--json", "p.jsonl"), ("--out", "drawn")])
+def test_predict_writes_nothing_inside_its_image_folder(tmp_path, capsys, flag, target):
+    """vitpose predict imgs/ --json imgs/p.jsonl wrote among the images; refused before the model loads."""
+    from vitpose.cli import main
+
+    write_images(tmp_path / "imgs", ["a.png"])
+    code = main(["predict", str(tmp_path / "imgs"), "--model", "no-such-model", flag, str(tmp_path / "imgs" / target)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "inside the input folder" in err[0], err
+    assert sorted(p.name for p in (tmp_path / "imgs").iterdir()) == ["a.png"]

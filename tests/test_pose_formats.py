@@ -200,6 +200,83 @@ def test_run_file_errors_name_the_line(tmp_path):
         read_run(bad)
 
 
+BAD_RECORDS = [  # (what is changed in the second record, what the one line names)
+    (lambda r: r.update(frame="abc"), "'frame' must be a video's frame index"),
+    (lambda r: r.update(frame=None), "'frame' must be a video's frame index"),
+    (lambda r: r.update(frame=-3), "'frame' must be a video's frame index"),
+    (lambda r: r.update(frame=1.5), "'frame' must be a video's frame index"),
+    (lambda r: r.update(frame=10 ** 10), "'frame' must be a video's frame index"),  # would size the table
+    (lambda r: r["keypoints"].__setitem__(0, "x"), "'keypoints' must be a list of numbers"),
+    (lambda r: r["keypoints"].__setitem__(0, [1]), "'keypoints' must be a list of numbers"),
+    (lambda r: r.update(p=["a"] * K), "'p' must be a list of numbers"),
+    (lambda r: r.update(p=[1.5] * K), "'p' holds 1.5: a probability is in [0, 1]"),
+    (lambda r: r.update(track_id="a"), "'track_id' must be an integer"),
+    (lambda r: r.update(bbox=[1, 2]), "'bbox' has 2 values; it must have 4"),
+    (lambda r: r.update(score="high"), "'score' must be a number"),
+    (lambda r: r.update(keypoints=r["keypoints"][:-3]), "16 keypoints where the first has 17"),
+]
+
+
+@pytest.mark.parametrize("change, expected", [
+    (lambda r: r.update(file_name=["a"]), "'file_name' must be the image's file name"),
+    (lambda r: r.update(image_id={"a": 1}), "'image_id' must be an integer or a string"),
+])
+def test_an_image_record_with_a_bad_name_is_one_line(tmp_path, capsys, change, expected):
+    """An image's file_name or image_id that is a list or an object ended in 'unhashable type' (exit 70)."""
+    first, bad = record(0, 0), record(0, 1)
+    for r in (first, bad):
+        del r["frame"]
+        r["file_name"] = "a.jpg"
+    del bad["file_name"]
+    change(bad)
+    run = tmp_path / "run.jsonl"
+    run.write_text(json.dumps(first) + "\n" + json.dumps(bad) + "\n")
+    code = cli.main(["convert", str(run), "--format", "alphapose", "--out", str(tmp_path / "out.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "run.jsonl: line 2" in err[0] and expected in err[0], err
+
+
+@pytest.mark.parametrize("change, expected", BAD_RECORDS)
+def test_a_bad_record_is_one_line_naming_its_line_in_convert_and_triangulate(tmp_path, capsys, change, expected):
+    """convert and triangulate read records through the one check: a hand-edited field is one line
+    (file, line, field) and exit 2, never a traceback from deep in a writer, nor an output sized by it."""
+    from vitpose.errors import UserError
+    from vitpose.multiview.views import read_views
+
+    bad = record(1, 0)
+    change(bad)
+    run = tmp_path / "run.jsonl"
+    run.write_text(json.dumps(record(0, 0)) + "\n" + json.dumps(bad) + "\n")
+    code = cli.main(["convert", str(run), "--format", "alphapose", "--out", str(tmp_path / "out.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "run.jsonl: line 2" in err[0] and expected in err[0], err
+    assert not (tmp_path / "out.json").exists()
+    with pytest.raises(UserError, match=r"run.jsonl:2: .*" + expected.replace("[", r"\[").replace("]", r"\]")):
+        read_views(run)
+
+
+@pytest.mark.parametrize("stem", ["../../escaped", "a/b", "x/"])
+def test_a_stem_with_a_folder_is_refused_and_nothing_is_written_outside_out(tmp_path, capsys, stem):
+    """OpenPose's file names start with --stem: '../x' wrote every frame's file two folders above --out."""
+    run = tmp_path / "deep" / "run.jsonl"
+    run.parent.mkdir()
+    run.write_text(json.dumps(record(0, 0)) + "\n")
+    out = tmp_path / "deep" / "sub" / "op"
+    code = cli.main(["convert", str(run), "--format", "openpose", "--out", str(out), "--stem", stem])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--stem" in err[0], err
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == ["deep", "deep/run.jsonl"]
+
+
+def test_convert_refuses_an_infinite_frame_rate(tmp_path, capsys):
+    """--fps inf passed '> 0' and would have given every NWB timestamp 0."""
+    run = tmp_path / "run.jsonl"
+    run.write_text(json.dumps(record(0, 0)) + "\n")
+    code = cli.main(["convert", str(run), "--format", "nwb", "--fps", "inf", "--out", str(tmp_path / "x.nwb")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--fps" in err[0], err
+
+
 # ---------------------------------------------------------------------------------------------
 # vitpose convert: the command line
 
@@ -234,7 +311,8 @@ def test_convert_refuses_bad_input_in_one_line_each(tmp_path, tracked_records, c
 
 
 def test_predict_refuses_formats_it_cannot_write(tmp_path, capsys):
-    image = tmp_path / "img.jpg"
+    image = tmp_path / "imgs" / "img.jpg"  # the outputs beside the image folder: never inside it
+    image.parent.mkdir()
     image.write_bytes((REPO / "tests" / "fixtures" / "README.md").read_bytes())
     cases = [(["--format", "nwb", "--json", str(tmp_path / "x.nwb")], "time series of a video"),
              (["--format", "openpose"], "give --json"),
@@ -243,7 +321,7 @@ def test_predict_refuses_formats_it_cannot_write(tmp_path, capsys):
              (["--format", "openpose", "--json", str(tmp_path / "p"), "--out", str(tmp_path / "p" / "d")],
               "write them apart")]
     for extra, message in cases:
-        assert cli.main(["predict", str(tmp_path), "--detector", "full-frame", *extra]) == 2
+        assert cli.main(["predict", str(tmp_path / "imgs"), "--detector", "full-frame", *extra]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], (extra, err)
 
@@ -350,6 +428,23 @@ def test_a_stopped_run_writes_the_frames_done_and_keeps_an_earlier_output(predic
     earlier = path.read_text()
     run_video(with_detector(predictor, stopped_on_the_second_batch), str(video), args)
     assert path.read_text() == earlier  # a stopped run never replaces an earlier output
+
+
+def test_a_stopped_offline_smoothing_run_does_not_send_the_user_to_resume(predictor, video, tmp_path):  # noqa: F811
+    """Ctrl-C during --smooth offline said "run again with --resume", which that run refuses."""
+    calls = []
+
+    def stopped_on_the_second_batch(images, channels="rgb"):
+        calls.append(len(images))
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return blob_detector(images)
+
+    path = tmp_path / "walk.jsonl"
+    args = options(tmp_path, json=str(path), smooth="offline", pipeline="sequential", batch_frames=4, track=True)
+    summary = run_video(with_detector(predictor, stopped_on_the_second_batch), str(video), args)
+    assert summary.interrupted and summary.frames_done == 4 and len(path.read_text().splitlines()) >= 1
+    assert "written whole: run again to finish it" in summary.format() and "--resume" not in summary.format()
 
 
 @pytest.mark.parametrize("flags", [["--config", "demo_k5"], ["--skeleton", str(REPO / "configs" / "demo_k5_skeleton.yaml")]])

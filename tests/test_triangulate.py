@@ -285,12 +285,19 @@ def test_two_people_are_told_apart_without_track_ids():
     ("ids", "--match ids: camera 1, frame 0: a record without 'track_id'"),
     ("keypoints", "cam3.jsonl: 5 keypoints a record"),
     ("cutoff", "--cutoff must be in [0.1, 15] (half of --fps 30)"),
+    ("focal", "[cam_0] 'matrix' has focal lengths 0, 0"),  # every point would project to the centre
+    ("same file", "cam1.jsonl twice: each camera is one file of its own"),
+    ("same camera", "--cameras names cam1 twice"),
+    ("fps", "--fps must be a finite number, got inf"),  # passed every lower bound; the .trc said DataRate inf
+    ("errors", "--errors"),  # the CSV written over the .trc, both reported written
+    ("same place", "are at the same place: no baseline"),  # NaN warnings, then no person
 ])
 def test_bad_input_is_one_line(tmp_path, capsys, problem, expected):
     scene = synthetic_scene(cameras=4, frames=5)
     files = write_inputs(tmp_path, scene, track_ids=problem != "ids")
     calibration = tmp_path / "cams.toml"
-    extra = {"ids": ["--match", "ids"], "cutoff": ["--refine", "--cutoff", "20"]}.get(problem, [])
+    extra = {"ids": ["--match", "ids"], "cutoff": ["--refine", "--cutoff", "20"],
+             "fps": ["--fps", "inf"], "errors": ["--errors", str(tmp_path / "p.trc")]}.get(problem, [])
     if problem == "count":
         files = files[:2]
     elif problem == "camera":
@@ -304,6 +311,22 @@ def test_bad_input_is_one_line(tmp_path, capsys, problem, expected):
         path.write_text("\n".join(lines) + "\n")
     elif problem == "missing":
         calibration = tmp_path / "none.toml"
+    elif problem == "focal":
+        text = calibration.read_text()
+        first = text.index("matrix = [ [ ") + len("matrix = [ [ ")
+        fx = text[first:text.index(",", first)]
+        calibration.write_text(text.replace(fx, "0.0", 2))
+    elif problem == "same place":
+        text = calibration.read_text()
+        tables = text.split("\n\n")
+        tables[1] = "\n".join(line if not line.startswith(("rotation", "translation")) else
+                              next(l for l in tables[0].splitlines() if l.startswith(line.split(" ")[0]))
+                              for line in tables[1].splitlines())
+        calibration.write_text("\n\n".join(tables))
+    elif problem == "same file":
+        files[1] = files[0]
+    elif problem == "same camera":
+        extra = ["--cameras", "cam1,cam1,cam2,cam3"]
     elif problem == "keypoints":
         Path(files[2]).write_text(json.dumps({"frame": 0, "keypoints": [1.0, 2.0, 0.9] * 5}) + "\n")
     status = main(["triangulate", *files, "--calibration", str(calibration), "--out", str(tmp_path / "p.trc"), *extra])

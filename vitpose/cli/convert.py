@@ -70,7 +70,7 @@ def _skeleton(args, num_keypoints: int):
 
 
 def _check_flags(args) -> None:
-    if args.fps is not None and not args.fps > 0:
+    if args.fps is not None and not 0 < args.fps < float("inf"):
         raise UsageError(f"--fps must be a frame rate > 0, got {args.fps}")
     if args.format == "nwb" and args.fps is None:
         raise UsageError("--format nwb: give the video's frame rate with --fps (the series' timestamps)")

@@ -166,6 +166,8 @@ def check_numbers(*rules) -> None:
     from vitpose.errors import UsageError
 
     for flag, value, low, high, *note in rules:
+        if value is not None and value in (float("inf"), float("-inf")):  # no bound of a flag is infinite
+            raise UsageError(f"{flag} must be a finite number, got {value}")
         if value is None or (low is None or value >= low) and (high is None or value <= high):
             continue
         bound = f"in [{low:g}, {high:g}]" if low is not None and high is not None else (

@@ -181,6 +181,7 @@ def _check_flags(args) -> None:
     check_numbers(("--batch-images", args.batch_images, 1, None),
                   ("--det-every", args.det_every, 1, None, " (1 = the detector on every frame)"),
                   ("--keypoint-threshold", args.keypoint_threshold, 0.0, 1.0),
+                  ("--mark-below", args.mark_below, 0.0, 1.0, " (as vitpose serve's)"),
                   ("--smooth-gap", args.smooth_gap, 0, None, " frames"))
     if args.smooth_cutoff is not None and not args.smooth_cutoff > 0:
         raise UsageError(f"--smooth-cutoff must be > 0 Hz, got {args.smooth_cutoff}")

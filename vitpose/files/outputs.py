@@ -9,8 +9,8 @@
   file vs folder, the nearest existing folder above it is a folder in which a file can in fact be
   created (an exclusive create and delete: `os.access` says yes to root in /proc), an existing file
   is writable, a device or pipe only where the writer streams, and the output is not one of the
-  run's inputs. Missing folders are created by the writer. Failures are `OutputPathError`, one line
-  that names the flag and the fix.
+  run's inputs nor inside an input folder. Missing folders are created by the writer. Failures are
+  `OutputPathError`, one line that names the flag and the fix.
 """
 
 from __future__ import annotations
@@ -95,6 +95,14 @@ def _same_file(a: Path, b: Path) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
 
 
+def _inside_folder(path: Path, folder: Path) -> bool:
+    """Whether `path` lies under the existing folder `folder` (links resolved): an input folder
+    (images, a labelled set) is the user's, and what a run writes stays out of it."""
+    if not folder.is_dir():
+        return False
+    return os.path.realpath(folder) in map(str, Path(os.path.realpath(path)).parents)
+
+
 def _nearest_existing(path: Path) -> Path:
     above = path.absolute().parent
     while not above.exists() and above != above.parent:
@@ -123,7 +131,7 @@ def check_output(path, flag: str, kind: str = "file", inputs=(), streams: bool =
         flag: the option that named it (`--json`, `--out`), quoted in the message.
         kind: "file" or "dir".
         inputs: the run's input files and folders (None entries are ignored); the output must not
-            be one of them (same file after links are resolved).
+            be one of them (same file after links are resolved), nor lie inside an input folder.
         streams: whether this output may be a device or pipe (`stream_kind`: /dev/stdout, a FIFO,
             /dev/null), which the writer then writes directly; else such a path is refused (a video,
             an export: they are replaced by a rename, which would put a regular file in place of the
@@ -141,6 +149,9 @@ def check_output(path, flag: str, kind: str = "file", inputs=(), streams: bool =
     for given in inputs:
         if given is not None and _same_file(path, as_path(given).expanduser()):
             raise OutputPathError(f"{what} would replace the input {given}; write to another name")
+        if given is not None and _inside_folder(path, as_path(given).expanduser()):
+            raise OutputPathError(f"{what} is inside the input folder {given}, which a run only reads; "
+                                  f"write outside it")
     if kind == "file" and path.is_dir():
         raise OutputPathError(f"{what} is a folder; {flag} takes a file name")
     if kind == "dir" and path.exists() and not path.is_dir():

@@ -122,17 +122,32 @@ def right_within_tolerance(predicted, label, bbox, area, tolerance: dict) -> np.
 # The held-out set
 
 
+def _recorded_training_sets(config: dict | None) -> list[Path]:
+    """The training annotation files a config records that exist here. A relative `data.root` is
+    relative to where training ran, which the config does not record: it is looked for from the
+    current folder and from each folder above the recorded `train.work_dir` (a work dir lies under
+    the folder training ran in), so a check from another folder does not pass by not finding it."""
+    config = config or {}
+    data_cfg = config.get("data") if isinstance(config.get("data"), dict) else {}
+    if not (data_cfg.get("root") and data_cfg.get("train_ann")):
+        return []
+    relative = Path(data_cfg["root"]) / data_cfg["train_ann"]
+    bases = [Path.cwd()]
+    work_dir = (config.get("train") or {}).get("work_dir") if isinstance(config.get("train"), dict) else None
+    if work_dir and not relative.is_absolute():
+        bases += list(Path(work_dir).absolute().parents)
+    found = [base / relative for base in bases if (base / relative).is_file()]
+    return list(dict.fromkeys(found))
+
+
 def _held_out(data: str, config: dict | None) -> tuple[Path, Path, dict]:
     """(annotation file, image folder, the COCO file) of `--data`; refused when it is the training
     set the model file records."""
     from vitpose.inference.export_data import coco_set
 
     ann_file, images = coco_set(data, "--data")
-    data_cfg = (config or {}).get("data") if isinstance((config or {}).get("data"), dict) else {}
-    if data_cfg.get("root") and data_cfg.get("train_ann"):
-        trained = Path(data_cfg["root"]) / data_cfg["train_ann"]
-        same = trained.is_file() and (trained.resolve() == ann_file.resolve() or _sha256(trained) == _sha256(ann_file))
-        if same:
+    for trained in _recorded_training_sets(config):
+        if trained.resolve() == ann_file.resolve() or _sha256(trained) == _sha256(ann_file):
             raise CalibrationDataError(f"--data {data}: {ann_file} is the training set the model file records "
                                        f"({trained}); calibrate on held-out images (e.g. its validation set)")
     try:
@@ -142,24 +157,41 @@ def _held_out(data: str, config: dict | None) -> tuple[Path, Path, dict]:
     return ann_file, images, coco
 
 
-def _people_by_image(coco: dict, num_keypoints: int) -> dict:
-    """{image record: [annotations with keypoints]} of the labelled, non-crowd people."""
+def _people_by_image(coco: dict, num_keypoints: int, keep: set | None = None) -> dict:
+    """{image record: [annotations with keypoints]} of the labelled, non-crowd people (of `keep`,
+    the annotation ids training's reader keeps, where given)."""
     people = {}
     for ann in coco.get("annotations", []):
         keypoints = ann.get("keypoints") or []
         if ann.get("iscrowd") or ann.get("num_keypoints", 1) == 0 or len(keypoints) != 3 * num_keypoints:
             continue
+        if keep is not None and ann.get("id") not in keep:
+            continue
         people.setdefault(ann["image_id"], []).append(ann)
     return {image["id"]: (image, people[image["id"]]) for image in coco.get("images", []) if image["id"] in people}
 
 
-def collect(predictor, coco: dict, images: Path, tolerance: dict) -> dict:
+def _check_labels(ann_file: Path, coco: dict, k: int) -> set:
+    """The labels read as training reads them (`build_coco_index`: a null or NaN keypoint, a NaN box,
+    K that is not the model's: one line naming the record), and enough people, before any forward
+    pass. Returns the annotation ids that reader keeps (an empty box, say, is dropped there too)."""
+    from vitpose.data.coco_index import build_coco_index
+
+    keep = set(build_coco_index(ann_file, num_keypoints=k).ids.tolist())
+    people = sum(len(anns) for _, anns in _people_by_image(coco, k, keep).values())
+    if people < MIN_PEOPLE:
+        raise CalibrationDataError(f"--data: {people} labelled people of {k} keypoints; calibrating needs at least "
+                                   f"{MIN_PEOPLE} held-out people")
+    return keep
+
+
+def collect(predictor, coco: dict, images: Path, tolerance: dict, keep: set | None = None) -> dict:
     """Every labelled keypoint of the set through the predictor: {variant: (features (n, F),
     right (n,))} and the labels (n,) of visibility, keypoint types (n,) and images (n,)."""
     from vitpose.data.image_io import load_image
 
     k = predictor.num_keypoints
-    table = _people_by_image(coco, k)
+    table = _people_by_image(coco, k, keep)
     features = {v: [] for v in VARIANTS}
     right = {v: [] for v in VARIANTS}
     states, image_of, raw, predictions = [], [], [], []
@@ -183,9 +215,6 @@ def collect(predictor, coco: dict, images: Path, tolerance: dict) -> dict:
                             for a, kp, sc in zip(anns, *found["flip_views"][:2])]
             states.append(np.clip(label[..., 2], 0, 2).astype(int).ravel())
             image_of.append(np.full(len(anns) * k, image_id))
-    if sum(len(table[i][1]) for i in ids) < MIN_PEOPLE:
-        raise CalibrationDataError(f"--data: {sum(len(table[i][1]) for i in ids)} labelled people of {k} keypoints; "
-                                   f"calibrating needs at least {MIN_PEOPLE} held-out people")
     joined = {v: (np.concatenate(features[v]), np.concatenate(right[v]).astype(np.float64)) for v in VARIANTS}
     count = len(np.concatenate(states))
     return {"variants": joined, "states": np.concatenate(states), "image_of": np.concatenate(image_of),
@@ -274,6 +303,9 @@ def calibrate(options: CalibrateOptions, log=print) -> CalibrationRun:
         raise CalibrationDataError(f"--model {options.model}: calibrate the weights file, then export it "
                                    f"(the export carries the calibration)")
     out = Path(options.out) if options.out else default_out(options.model)
+    if is_exported(out):  # the loaders would read the torch file written there as ONNX / OpenVINO
+        raise CalibrationDataError(f"--out {out}: calibrate writes a weights file (.pth or .safetensors); "
+                                   f"export that file afterwards (the export carries the calibration)")
     plot = Path(options.plot) if options.plot else out.with_name(out.name.split(".")[0] + ".reliability.png")
     check_output(out, "--out", inputs=(options.model, options.data))
     check_output(plot, "--plot", inputs=(options.model, options.data, out))
@@ -285,8 +317,9 @@ def calibrate(options: CalibrateOptions, log=print) -> CalibrationRun:
         _held_out(options.data, load_config(options.config).to_dict())
     predictor = Predictor(loaded.model, device=options.device, codec=loaded.codec, skeleton=loaded.skeleton,
                           batch_size=options.batch_size, precision="fp32")
+    keep = _check_labels(ann_file, coco, predictor.num_keypoints)
     tolerance = tolerance_of(loaded.skeleton)
-    collected = collect(predictor, coco, images, tolerance)
+    collected = collect(predictor, coco, images, tolerance, keep)
     figures, lines, (raw, p, right) = measure(collected, options.seed)
     calibration = {"version": CALIBRATION_VERSION, "tolerance": tolerance, "variants": fit_calibration(collected),
                    "fitted_on": {"file": str(ann_file), "sha256": _sha256(ann_file), "images": collected["images"],

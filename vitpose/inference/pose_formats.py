@@ -286,6 +286,10 @@ def write_pose_format(records: list[dict], fmt: str, path, skeleton, stem: str =
     frame rate (NWB's timestamps); video: whether the run is a video's (None: as its records say);
     flag / skeleton_flag: the options named in a refusal. Returns the path."""
     path = Path(path)
+    if fmt == "openpose" and (not stem or Path(stem).name != stem):
+        # the stem is part of every file's name: a folder in it would write outside `path`
+        raise PoseFormatError(f"--stem {stem!r}: OpenPose's files are <stem>_<frame>_keypoints.json inside {flag} "
+                              f"{path}; give a name without a folder")
     table = pose_table(records, len(skeleton.keypoint_names))
     _check_skeleton(table, skeleton, skeleton_flag)
     check_format_output(fmt, path, flag, table.video if video is None else video)

@@ -22,13 +22,14 @@ from pathlib import Path
 
 import numpy as np
 
-from vitpose.errors import UserError
+from vitpose.inference.record_check import RecordError, check_record
 
 __all__ = ["PoseTable", "RunFileError", "keypoint_confidence", "pose_table", "read_run"]
 
 
-class RunFileError(UserError):
-    """A results file that cannot be read as a run's records (one line naming the file and line)."""
+# A results file that cannot be read as a run's records (one line naming the file and line): the one
+# error of a bad record, whichever reader meets it.
+RunFileError = RecordError
 
 
 @dataclass
@@ -147,23 +148,18 @@ def pose_table(records: list[dict], num_keypoints: int | None = None) -> PoseTab
     return PoseTable(labels, video, individuals, track_ids, xy, confidence, present, boxes, scores)
 
 
-_REQUIRED = ("keypoints",)
-
-
-def _check_record(record, where: str) -> dict:
-    if not isinstance(record, dict):
-        raise RunFileError(f"{where}: not a JSON object (a record of vitpose predict --json)")
-    missing = [k for k in _REQUIRED if k not in record]
-    if missing or not ("frame" in record or "file_name" in record or "image_id" in record):
-        raise RunFileError(f"{where}: not a record of vitpose predict --json (it needs 'keypoints' and 'frame' or "
-                           f"'file_name')")
-    flat = record["keypoints"]
-    if not isinstance(flat, list) or len(flat) % 3 or not flat:
-        raise RunFileError(f"{where}: 'keypoints' is not a list of x, y, score triples")
-    p = record.get("p")
-    if p is not None and (not isinstance(p, list) or len(p) != len(flat) // 3):
-        raise RunFileError(f"{where}: 'p' does not hold one probability per keypoint ({len(flat) // 3})")
-    return record
+def _check_records(records: list, where) -> list[dict]:
+    """Each record checked (`record_check.check_record`), and all of one run: every record a video
+    frame's or every one an image's, with the same number of keypoints. where(i): the i-th's place."""
+    for i, record in enumerate(records):
+        check_record(record, where(i))
+        first = records[0]
+        if ("frame" in record) != ("frame" in first) or len(record["keypoints"]) != len(first["keypoints"]):
+            mixed_kinds = ("frame" in record) != ("frame" in first)
+            what = ("video frames ('frame') and images ('file_name')" if mixed_kinds else
+                    f"{len(record['keypoints']) // 3} keypoints where the first has {len(first['keypoints']) // 3}")
+            raise RunFileError(f"{where(i)}: the records mix {what}: convert one model's run at a time")
+    return records
 
 
 def read_run(path) -> list[dict]:
@@ -181,8 +177,10 @@ def read_run(path) -> list[dict]:
             records = json.loads(text)
         except json.JSONDecodeError as e:
             raise RunFileError(f"{path}: not a JSON list of records (line {e.lineno}: {e.msg})") from None
-        return [_check_record(r, f"{path}: record {i + 1}") for i, r in enumerate(records)]
-    records = []
+        if not isinstance(records, list):
+            raise RunFileError(f"{path}: not a JSON list of records")
+        return _check_records(records, lambda i: f"{path}: record {i + 1}")
+    records, numbers = [], []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -191,5 +189,6 @@ def read_run(path) -> list[dict]:
         except json.JSONDecodeError as e:
             raise RunFileError(f"{path}: line {number} is not JSON ({e.msg}); a file of vitpose predict --json "
                                f"(JSON Lines) is one record a line") from None
-        records.append(_check_record(record, f"{path}: line {number}"))
-    return records
+        records.append(record)
+        numbers.append(number)
+    return _check_records(records, lambda i: f"{path}: line {numbers[i]}")

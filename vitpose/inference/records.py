@@ -12,6 +12,7 @@ it cannot drift apart.
 from __future__ import annotations
 
 import json
+import math
 
 from vitpose.errors import UsageError, UserError
 from vitpose.inference.pipeline import coco_records
@@ -37,6 +38,8 @@ def parse_marking(mark_below, mark_by) -> tuple[float, str]:
         mark_below = float(mark_below)
     except (TypeError, ValueError):
         raise MarkingError(f"mark_below must be a number, got {mark_below!r}") from None
+    if not math.isfinite(mark_below):  # NaN marks nothing and infinity everything, silently
+        raise MarkingError(f"mark_below (--mark-below) must be a finite number, got {mark_below}")
     if mark_by not in MARK_BY:
         raise MarkingError(f"mark_below_by must be one of {', '.join(MARK_BY)}, got {mark_by!r}")
     return mark_below, mark_by

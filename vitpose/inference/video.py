@@ -421,7 +421,9 @@ def run_video(predictor, source, options: PredictOptions, stop: threading.Event 
                         "with a detector (--detector default | full-frame | NAME)")
     results = _results_file(options, webcam, predictor, reader)
     summary = _new_summary(reader, pipeline, results)
-    summary.whole = options.format != "coco"
+    # a file written whole cannot be continued: another format's, or the tracks --smooth offline
+    # writes once at the end (check_offline_smoothing refuses --resume there)
+    summary.whole = options.format != "coco" or smoothing_mode(options.smooth) == "offline"
     predictor.timer.reset()
     progress = _progress_bar(options, reader, summary.resumed_from)
     writer = _Writer(options, predictor, reader, summary, results, progress)

@@ -159,6 +159,9 @@ def _array(path: Path, key: str, table: dict, field: str, shape: tuple | None, l
 def _camera(path: Path, key: str, table: dict) -> Camera:
     fisheye = bool(table.get("fisheye", False))
     matrix = _array(path, key, table, "matrix", (3, 3))
+    if not (matrix[0, 0] > 0 and matrix[1, 1] > 0):  # a zero focal length projects every point to the centre
+        raise CalibrationError(f"--calibration {path}: [{key}] 'matrix' has focal lengths {matrix[0, 0]:g}, "
+                               f"{matrix[1, 1]:g}; a camera's are > 0 pixels (fx at [0][0], fy at [1][1])")
     lengths = (4,) if fisheye else DISTORTION_LENGTHS
     distortions = _array(path, key, table, "distortions", None, lengths) if "distortions" in table else np.zeros(0)
     rvec = _array(path, key, table, "rotation", (3,))

@@ -67,9 +67,22 @@ def person_path(out: Path, person: int, people: int) -> Path:
     return out if person == 0 or people == 1 else out.with_name(f"{out.stem}_{person + 1}{out.suffix}")
 
 
+def _repeated(names) -> str | None:
+    seen = set()
+    for name in names:
+        if name in seen:
+            return name
+        seen.add(name)
+    return None
+
+
 def chosen_cameras(options: TriangulateOptions) -> list:
     """The calibration's camera of each file: `cameras` by name, else in the file's order."""
     cameras = read_calibration(options.calibration)
+    twice = _repeated(options.cameras) or _repeated([str(Path(v).resolve()) for v in options.views])
+    if twice:
+        flag = "--cameras names" if _repeated(options.cameras) else "the files name"
+        raise UsageError(f"{flag} {twice} twice: each camera is one file of its own")
     if options.cameras:
         by_name = {c.name: c for c in cameras}
         unknown = [n for n in options.cameras if n not in by_name]
@@ -77,6 +90,12 @@ def chosen_cameras(options: TriangulateOptions) -> list:
             raise CalibrationError(f"--calibration {options.calibration} has no camera named {unknown[0]!r} "
                                    f"(it has {', '.join(by_name)}); check --cameras")
         cameras = [by_name[n] for n in options.cameras]
+    centres = [-c.rotation.T @ c.translation for c in cameras]
+    for a in range(len(cameras)):
+        for b in range(a + 1, len(cameras)):
+            if np.linalg.norm(centres[a] - centres[b]) <= 1e-9 * (1 + np.linalg.norm(centres[a])):
+                raise CalibrationError(f"--calibration {options.calibration}: cameras {cameras[a].name!r} and "
+                                       f"{cameras[b].name!r} are at the same place: no baseline to triangulate from")
     if len(cameras) != len(options.views):
         raise UsageError(f"{len(options.views)} JSON Lines files for the {len(cameras)} cameras of --calibration "
                          f"{options.calibration}: give one file per camera, in its order (or name them with --cameras)")
@@ -95,7 +114,7 @@ def triangulate_files(options: TriangulateOptions) -> TriangulateSummary:
     """Read, associate, triangulate (and refine) every person, write the .trc files and the CSV."""
     inputs = [options.calibration, *options.views]
     check_output(options.out, "--out", "file", inputs)
-    check_output(errors_path(options), "--errors", "file", inputs)
+    check_output(errors_path(options), "--errors", "file", [*inputs, options.out])  # nor the .trc written first
     cameras = chosen_cameras(options)
     views = [read_views(path) for path in options.views]
     counts = [len(next(iter(view.values()))[0].weights) for view in views]

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from vitpose.errors import UserError
+from vitpose.inference.record_check import check_record
 
 
 class ViewsError(UserError):
@@ -44,7 +45,8 @@ def read_views(path) -> dict[int, list[Detection]]:
             continue
         frame, detection = _record(path, number, line)
         if count is not None and len(detection.weights) != count:
-            raise ViewsError(f"{path}:{number}: {len(detection.weights)} keypoints, the lines before have {count}")
+            raise ViewsError(f"{path}:{number}: {len(detection.weights)} keypoints where the first has {count}: "
+                             f"one model's records")
         count = len(detection.weights)
         frames.setdefault(frame, []).append(detection)
     if not frames:
@@ -58,29 +60,13 @@ def _record(path: Path, number: int, line: str) -> tuple[int, Detection]:
         record = json.loads(line)
     except json.JSONDecodeError as e:
         raise ViewsError(f"{where}: not a JSON line ({e.msg}); expected vitpose predict's JSON Lines") from None
-    if not isinstance(record, dict):
-        raise ViewsError(f"{where}: expected a JSON object per line (a record of vitpose predict --json)")
+    check_record(record, where, video=True)
     frame = record.get("frame", record.get("image_id"))
-    if not isinstance(frame, int) or isinstance(frame, bool):
-        raise ViewsError(f"{where}: no integer 'frame' (the records of vitpose predict VIDEO --json have one)")
-    values = _numbers(where, record.get("keypoints"), "keypoints")
-    if len(values) == 0 or len(values) % 3:
-        raise ViewsError(f"{where}: 'keypoints' must be [x, y, score] * K, got {len(values)} numbers")
-    triples = values.reshape(-1, 3)
+    triples = np.array([np.nan if v is None else v for v in record["keypoints"]], np.float64).reshape(-1, 3)
     weights = triples[:, 2]
     if record.get("p") is not None:
-        weights = _numbers(where, record["p"], "p")
-        if len(weights) != len(triples):
-            raise ViewsError(f"{where}: 'p' has {len(weights)} values for {len(triples)} keypoints")
+        weights = np.array([np.nan if v is None else v for v in record["p"]], np.float64)
     weights = np.where(np.isfinite(weights), np.clip(weights, 0.0, None), 0.0)
     track = record.get("track_id")
-    if track is not None and (not isinstance(track, int) or isinstance(track, bool)):
-        raise ViewsError(f"{where}: 'track_id' must be an integer")
     return frame, Detection(triples[:, :2].copy(), weights, track)
 
-
-def _numbers(where: str, value, field: str) -> np.ndarray:
-    if not isinstance(value, list) or not all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
-                                              for v in value):
-        raise ViewsError(f"{where}: '{field}' must be a list of numbers (null for a missing value)")
-    return np.array([np.nan if v is None else v for v in value], np.float64)
