@@ -593,15 +593,3 @@ def test_an_output_inside_an_input_folder_is_refused_before_any_work(tmp_path, c
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "--out" in err[0] and "inside the input folder" in err[0], err
     assert sorted(p.name for p in data.iterdir()) == ["annotations"]
-
-
-@pytest.mark.parametrize("flag, target", [("--json", "p.jsonl"), ("--out", "drawn")])
-def test_predict_writes_nothing_inside_its_image_folder(tmp_path, capsys, flag, target):
-    """vitpose predict imgs/ --json imgs/p.jsonl wrote among the images; refused before the model loads."""
-    from vitpose.cli import main
-
-    write_images(tmp_path / "imgs", ["a.png"])
-    code = main(["predict", str(tmp_path / "imgs"), "--model", "no-such-model", flag, str(tmp_path / "imgs" / target)])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and "inside the input folder" in err[0], err
-    assert sorted(p.name for p in (tmp_path / "imgs").iterdir()) == ["a.png"]

@@ -30,18 +30,17 @@ from vitpose.run.stop import stopped_by_signal
 __all__ = ["PredictRun", "check_outputs", "prepare", "read_boxes", "run_local"]
 
 
-def check_outputs(options: PredictOptions, inputs: list[Path], video_source=None, folders=()) -> None:
+def check_outputs(options: PredictOptions, inputs: list[Path], video_source=None) -> None:
     """--out, --json and their combinations (see the module docstring), before any work
-    (`vitpose.files.check_output`: folder vs file, a path under a file, writable, not an input nor
-    inside one of the source `folders`; --json may be a device or pipe such as /dev/stdout, a drawn
-    video may not)."""
+    (`vitpose.files.check_output`: folder vs file, a path under a file, writable, not an input;
+    --json may be a device or pipe such as /dev/stdout, a drawn video may not)."""
 
     if options.resume and options.json is None:
         raise UsageError("--resume continues the --json file: give --json")
     if options.resume and options.json_array:
         raise UsageError("--resume continues JSON Lines; leave out --json-array")
     extra = [Path(p) for p in (options.boxes, options.model.config, options.model.model)
-             if p is not None and Path(p).is_file()] + list(folders)
+             if p is not None and Path(p).is_file()]
     outputs = []
     if options.out is not None and video_source is not None:
         from vitpose.inference.video import output_video_path  # the video module names the file
@@ -52,10 +51,10 @@ def check_outputs(options: PredictOptions, inputs: list[Path], video_source=None
         check_output(drawn, "--out", "file", inputs + extra)  # `--out .` beside clip.mp4 names clip.mp4
         outputs.append(drawn)
     elif options.out is not None:
+        check_output(options.out, "--out", "dir", inputs + extra)
         out = options.out.expanduser().resolve()
         if any(path.parent.resolve() == out for path in inputs):  # the drawings keep the images' names
             raise UsageError(f"--out {options.out} is a source directory: the drawings would overwrite the images")
-        check_output(options.out, "--out", "dir", inputs + extra)
     if options.json is not None:
         _check_json(options, inputs + extra + outputs, inputs, video_source)
 
@@ -136,8 +135,7 @@ def _image_plan(options: PredictOptions, kinds: list[str], paths: list[Path]):
     if plan is not None:  # shard files are JSON Lines (vitpose merge --format coco writes a list)
         paths = plan.paths
         options = replace(options, json=plan.json_path, json_array=False)
-    folders = [Path(s).expanduser() for s in options.sources if Path(s).expanduser().is_dir()]
-    check_outputs(options, paths, folders=folders)
+    check_outputs(options, paths)
     return options, paths, names, plan
 
 
