@@ -320,7 +320,7 @@ def test_bad_input_is_one_line(tmp_path, capsys, problem, expected):
         text = calibration.read_text()
         tables = text.split("\n\n")
         tables[1] = "\n".join(line if not line.startswith(("rotation", "translation")) else
-                              next(l for l in tables[0].splitlines() if l.startswith(line.split(" ")[0]))
+                              next(t for t in tables[0].splitlines() if t.startswith(line.split(" ")[0]))
                               for line in tables[1].splitlines())
         calibration.write_text("\n\n".join(tables))
     elif problem == "same file":
