@@ -246,7 +246,7 @@ class SignalOnCall:
 def with_detector(tiny, detector, monkeypatch):
     config, checkpoint = tiny
     monkeypatch.setattr(predict_cli, "build_predictor",
-                        lambda args: Predictor.from_config(config, checkpoint, device="cpu", detector=detector))
+                        lambda options, mark_by="auto": Predictor.from_config(config, checkpoint, device="cpu", detector=detector))
 
 
 def test_sigint_on_a_folder_leaves_parseable_json_and_resume_completes_it(tmp_path, tiny, capsys, monkeypatch):
@@ -327,8 +327,8 @@ def test_non_finite_values_are_null_with_a_warning(tmp_path, capsys, monkeypatch
     model = tiny_model(seed=1)
     with torch.no_grad():
         next(p for n, p in model.named_parameters() if n.endswith("bias")).fill_(float("nan"))
-    monkeypatch.setattr(predict_cli, "build_predictor", lambda args: Predictor(model, device="cpu",
-                                                                               detector=FullFrame()))
+    monkeypatch.setattr(predict_cli, "build_predictor",
+                        lambda options, mark_by="auto": Predictor(model, device="cpu", detector=FullFrame()))
     write_images(tmp_path / "imgs", ["a.png"])
     out = tmp_path / "r.jsonl"
     code, _, err = cli(tmp_path, (tmp_path, tmp_path), tmp_path / "imgs", "--json", out, capsys=capsys)
