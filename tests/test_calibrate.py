@@ -541,3 +541,12 @@ def test_calibrate_refuses_an_exported_file_name_for_out(tmp_path, capsys):
                  str(tmp_path / "m.onnx")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "--out" in err[0] and "weights file" in err[0], err
+
+
+def test_calibrate_refuses_a_plot_that_is_not_a_png(tmp_path, capsys):
+    """--plot p.txt got a PNG under a text file's name."""
+    code = main(["calibrate", "--model", str(tmp_path / "m.pth"), "--data", str(tmp_path), "--plot",
+                 str(tmp_path / "p.txt")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--plot" in err[0] and ".png" in err[0], err
+    assert not (tmp_path / "p.txt").exists()

@@ -291,13 +291,15 @@ def test_two_people_are_told_apart_without_track_ids():
     ("fps", "--fps must be a finite number, got inf"),  # passed every lower bound; the .trc said DataRate inf
     ("errors", "--errors"),  # the CSV written over the .trc, both reported written
     ("same place", "are at the same place: no baseline"),  # NaN warnings, then no person
+    ("units", "--units 'm\\tx': give a name without tabs"),  # a tab would shift the .trc header's columns
 ])
 def test_bad_input_is_one_line(tmp_path, capsys, problem, expected):
     scene = synthetic_scene(cameras=4, frames=5)
     files = write_inputs(tmp_path, scene, track_ids=problem != "ids")
     calibration = tmp_path / "cams.toml"
     extra = {"ids": ["--match", "ids"], "cutoff": ["--refine", "--cutoff", "20"],
-             "fps": ["--fps", "inf"], "errors": ["--errors", str(tmp_path / "p.trc")]}.get(problem, [])
+             "fps": ["--fps", "inf"], "errors": ["--errors", str(tmp_path / "p.trc")],
+             "units": ["--units", "m\tx"]}.get(problem, [])
     if problem == "count":
         files = files[:2]
     elif problem == "camera":

@@ -20,6 +20,7 @@ Exit status: 0; 2 when the model, the data or an output cannot be used (one line
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from vitpose.errors import EXIT_OK
 
@@ -49,6 +50,8 @@ def run(args) -> int:
 
     if args.batch_size is not None and args.batch_size < 1:
         raise UsageError(f"--batch-size {args.batch_size}: give a positive number of boxes")
+    if args.plot is not None and Path(args.plot).suffix.lower() != ".png":
+        raise UsageError(f"--plot {args.plot}: the reliability diagram is a PNG; name it .png")
     calibrate(CalibrateOptions(model=args.model, data=args.data, out=args.out, plot=args.plot, device=args.device,
                                batch_size=args.batch_size, seed=args.seed, config=args.config))
     return EXIT_OK

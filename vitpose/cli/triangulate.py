@@ -19,7 +19,7 @@ import argparse
 from pathlib import Path
 
 from vitpose.cli.options import check_numbers
-from vitpose.errors import EXIT_OK
+from vitpose.errors import EXIT_OK, UsageError
 from vitpose.multiview.run import TriangulateOptions, triangulate_files
 
 
@@ -73,6 +73,9 @@ def triangulate_options(args) -> TriangulateOptions:
                   ("--max-error", args.max_error, 0, None), ("--max-epipolar", args.max_epipolar, 1, None),
                   ("--max-gap", args.max_gap, 0, None),
                   ("--cutoff", args.cutoff, 0.1, args.fps / 2, f" (half of --fps {args.fps:g})"))
+    for flag, text in (("--units", args.units), *(("--keypoint-names", n) for n in names(args.keypoint_names))):
+        if not text or any(c in text for c in "\t\r\n"):  # the .trc is tab-separated, one row a line
+            raise UsageError(f"{flag} {text!r}: give a name without tabs or line breaks (the .trc separates by them)")
     return TriangulateOptions(
         views=tuple(args.views), calibration=args.calibration, out=args.out, errors=args.errors,
         cameras=names(args.cameras), fps=args.fps, units=args.units, up=args.up, min_score=args.min_score,
