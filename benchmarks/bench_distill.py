@@ -26,7 +26,6 @@ whose work dir already holds `--epochs` validations is not run again (delete the
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import subprocess
@@ -34,16 +33,10 @@ import sys
 import time
 from pathlib import Path
 
+from bench_finetune import eval_aps  # the AP of each validation in a run's metrics.jsonl
+
 REPO = Path(__file__).resolve().parents[1]
 STUDENT_EXTRA = "{embed_dim: 64, depth: 4, num_heads: 2}"
-
-
-def eval_aps(work_dir: Path) -> list[float]:
-    path = work_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r["AP"] for r in records if r.get("kind") == "eval"]
 
 
 def run_all(runs: dict[str, list[str]], root: Path, epochs: dict[str, int], jobs: int) -> dict[str, list[float]]:

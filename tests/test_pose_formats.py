@@ -409,40 +409,36 @@ def test_predict_on_images_writes_what_convert_writes(predictor, tmp_path, fmt):
         assert sorted(tree(converted)) == [f"walk{i}_keypoints.json" for i in range(3)]
 
 
-def test_a_stopped_run_writes_the_frames_done_and_keeps_an_earlier_output(predictor, video, tmp_path):  # noqa: F811
+def stopped_on_the_second_batch():
+    """A detector that finds the blobs, then stops the run (Ctrl-C) on its second call."""
     calls = []
 
-    def stopped_on_the_second_batch(images, channels="rgb"):
+    def detect(images, channels="rgb"):
         calls.append(len(images))
         if len(calls) == 2:
             raise KeyboardInterrupt
         return blob_detector(images)
 
+    return detect
+
+
+def test_a_stopped_run_writes_the_frames_done_and_keeps_an_earlier_output(predictor, video, tmp_path):  # noqa: F811
     path = tmp_path / "walk.json"
     args = options(tmp_path, json=str(path), format="alphapose", pipeline="sequential", batch_frames=4, track=True)
-    summary = run_video(with_detector(predictor, stopped_on_the_second_batch), str(video), args)
+    summary = run_video(with_detector(predictor, stopped_on_the_second_batch()), str(video), args)
     assert summary.interrupted and summary.frames_done == 4
     assert {item["image_id"] for item in json.loads(path.read_text())} == {f"{f}.jpg" for f in range(4)}
     assert "walk.json is written whole: run again to finish it" in summary.format()
-    calls.clear()
     earlier = path.read_text()
-    run_video(with_detector(predictor, stopped_on_the_second_batch), str(video), args)
+    run_video(with_detector(predictor, stopped_on_the_second_batch()), str(video), args)
     assert path.read_text() == earlier  # a stopped run never replaces an earlier output
 
 
 def test_a_stopped_offline_smoothing_run_does_not_send_the_user_to_resume(predictor, video, tmp_path):  # noqa: F811
     """Ctrl-C during --smooth offline said "run again with --resume", which that run refuses."""
-    calls = []
-
-    def stopped_on_the_second_batch(images, channels="rgb"):
-        calls.append(len(images))
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return blob_detector(images)
-
     path = tmp_path / "walk.jsonl"
     args = options(tmp_path, json=str(path), smooth="offline", pipeline="sequential", batch_frames=4, track=True)
-    summary = run_video(with_detector(predictor, stopped_on_the_second_batch), str(video), args)
+    summary = run_video(with_detector(predictor, stopped_on_the_second_batch()), str(video), args)
     assert summary.interrupted and summary.frames_done == 4 and len(path.read_text().splitlines()) >= 1
     assert "written whole: run again to finish it" in summary.format() and "--resume" not in summary.format()
 
