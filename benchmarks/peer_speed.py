@@ -143,6 +143,11 @@ PEER_TIMER = textwrap.dedent(
     image = cv2.imread(spec["image"], cv2.IMREAD_COLOR)
     boxes = {int(n): b for n, b in spec["boxes"].items()}
     runners, versions = {}, {"onnxruntime": ort.__version__}
+    try:  # what CPUID tells this process (benchmarks/avx2.sh hides AVX-512 from every process it starts)
+        from numpy._core._multiarray_umath import __cpu_features__ as seen
+    except ImportError:
+        from numpy.core._multiarray_umath import __cpu_features__ as seen
+    versions["CPUID AVX-512F"] = bool(seen.get("AVX512F"))
     if spec["kind"] == "rtmlib":
         import rtmlib
         from rtmlib import RTMPose

@@ -93,4 +93,17 @@ def cpu_note() -> str:
     except Exception:  # noqa: BLE001 - a note, never a failure
         aten = "unknown"
     return (f"CPU: {name}; cpuinfo vector flags: {' '.join(listed) or 'none of ' + ', '.join(VECTOR_FLAGS)}; "
-            f"ATen capability {aten}" + (f"; caps set: {caps}" if caps else ""))
+            f"ATen capability {aten}" + (f"; caps set: {caps}" if caps else "") + cpuid_note(flags))
+
+
+def cpuid_note(cpuinfo_flags: set) -> str:
+    """What CPUID tells this process, when it hides AVX-512 that /proc/cpuinfo lists (benchmarks/avx2.sh):
+    then ONNX Runtime, numpy and OpenVINO run their AVX2 kernels too. numpy's dispatch table reads CPUID."""
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__ as seen
+    except ImportError:  # numpy < 2
+        from numpy.core._multiarray_umath import __cpu_features__ as seen
+    if "avx512f" in cpuinfo_flags and not seen.get("AVX512F", True):
+        return "; CPUID as this process sees it: AVX2 without AVX-512/VNNI (benchmarks/avx2.sh: every runtime's AVX2 kernels)"
+    return "; CPUID as this process sees it: the same as cpuinfo (no masking)"
+
