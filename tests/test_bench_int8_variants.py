@@ -9,7 +9,6 @@ import sys
 import numpy as np
 import pytest
 import torch
-
 from conftest import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))
