@@ -107,19 +107,22 @@ static void on_segv(int signo, siginfo_t *info, void *context) {
         return;
     }
     /* Any other SIGSEGV is the program's: its handler, or the default action (a crash). */
+    int sent = info->si_code <= 0; /* kill/raise, not a fault of the interrupted instruction */
     if ((program_segv.sa_flags & SA_SIGINFO) && program_segv.sa_sigaction) {
         program_segv.sa_sigaction(signo, info, context);
     } else if (!(program_segv.sa_flags & SA_SIGINFO) && program_segv.sa_handler != SIG_DFL &&
                program_segv.sa_handler != SIG_IGN) {
         program_segv.sa_handler(signo);
-    } else if (program_segv.sa_handler != SIG_IGN || (program_segv.sa_flags & SA_SIGINFO)) {
+    } else if (!(sent && program_segv.sa_handler == SIG_IGN)) {
+        /* The default, and for a real fault also when ignored: the kernel does not let a program
+         * ignore its own faults (returning would re-run the instruction forever). */
         struct sigaction fallback;
         memset(&fallback, 0, sizeof fallback);
         fallback.sa_handler = SIG_DFL;
         masking = 0;
         call_next_sigaction(SIGSEGV, &fallback, NULL);
         /* a fault re-runs its instruction on return and meets the default; a sent signal must be sent again */
-        if (info->si_code <= 0) raise(SIGSEGV);
+        if (sent) raise(SIGSEGV);
     }
 }
 

@@ -85,3 +85,13 @@ def test_a_program_handler_for_segv_is_kept(tmp_path):
     done = _run(tmp_path, code)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["1", "True"]
+
+
+def test_a_real_fault_ends_the_program_even_when_it_ignores_segv(tmp_path):
+    # as without the library: the kernel does not let a program ignore its own faults
+    code = "import signal, ctypes\nsignal.signal(signal.SIGSEGV, signal.SIG_IGN)\nctypes.string_at(0)\n"
+    done = _run(tmp_path, code)
+    assert done.returncode in (-signal.SIGSEGV, 128 + signal.SIGSEGV)
+    ignored = "import os, signal\nsignal.signal(signal.SIGSEGV, signal.SIG_IGN)\nos.kill(os.getpid(), signal.SIGSEGV)\nprint('ok')\n"
+    done = _run(tmp_path, ignored)
+    assert done.returncode == 0 and done.stdout.split() == ["ok"]
